@@ -1,0 +1,82 @@
+"""ResNet v1.5 (stride on the 3x3 conv of downsampling bottlenecks).
+
+Matches NVIDIA's RN50 v1.5 layout: 25,557,032 parameters at 1000 classes.
+"""
+from __future__ import annotations
+
+import math
+
+import paddle
+import paddle.nn as nn
+
+from ppdlx.models.layers import ConvBNAct
+from ppdlx.registry import MODELS
+
+
+class Bottleneck(nn.Layer):
+    expansion = 4
+
+    def __init__(self, in_ch, width, stride, data_format, zero_init_last_bn):
+        super().__init__()
+        out_ch = width * self.expansion
+        self.conv1 = ConvBNAct(in_ch, width, 1, data_format=data_format)
+        # v1.5: the stride sits on the 3x3 conv, not on the first 1x1 (v1).
+        self.conv2 = ConvBNAct(width, width, 3, stride=stride, data_format=data_format)
+        self.conv3 = ConvBNAct(width, out_ch, 1, act=None, data_format=data_format,
+                               zero_init_gamma=zero_init_last_bn)
+        self.shortcut = None
+        if stride != 1 or in_ch != out_ch:
+            self.shortcut = ConvBNAct(in_ch, out_ch, 1, stride=stride, act=None, data_format=data_format)
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        identity = x if self.shortcut is None else self.shortcut(x)
+        return self.relu(self.conv3(self.conv2(self.conv1(x))) + identity)
+
+
+class ResNet(nn.Layer):
+    def __init__(self, depths=(3, 4, 6, 3), num_classes=1000, in_channels=3, data_format="NCHW",
+                 zero_init_last_bn=False, widths=(64, 128, 256, 512), stem_width=64):
+        super().__init__()
+        if data_format not in ("NCHW", "NHWC"):
+            raise ValueError(f"data_format must be NCHW or NHWC, got {data_format!r}")
+        self.data_format = data_format
+        self.num_classes = num_classes
+        self.stem = ConvBNAct(in_channels, stem_width, 7, stride=2, data_format=data_format)
+        self.pool = nn.MaxPool2D(3, stride=2, padding=1, data_format=data_format)
+        stages, in_ch = [], stem_width
+        for i, (depth, width) in enumerate(zip(depths, widths)):
+            blocks = []
+            for j in range(depth):
+                stride = 2 if (i > 0 and j == 0) else 1
+                blocks.append(Bottleneck(in_ch, width, stride, data_format, zero_init_last_bn))
+                in_ch = width * Bottleneck.expansion
+            stages.append(nn.Sequential(*blocks))
+        self.stages = nn.LayerList(stages)
+        self.num_features = in_ch
+        self.avgpool = nn.AdaptiveAvgPool2D(1, data_format=data_format)
+        bound = 1.0 / math.sqrt(in_ch)
+        self.fc = nn.Linear(in_ch, num_classes,
+                            weight_attr=paddle.ParamAttr(initializer=nn.initializer.Uniform(-bound, bound)))
+
+    def forward_features(self, x):
+        x = self.pool(self.stem(x))
+        for stage in self.stages:
+            x = stage(x)
+        return x
+
+    def forward(self, x):
+        x = self.avgpool(self.forward_features(x))
+        return self.fc(paddle.flatten(x, 1))
+
+
+@MODELS.register("resnet50")
+def resnet50(num_classes=1000, data_format="NCHW", in_channels=3, zero_init_last_bn=False):
+    return ResNet((3, 4, 6, 3), num_classes, in_channels, data_format, zero_init_last_bn)
+
+
+@MODELS.register("resnet18_bottleneck_tiny")
+def resnet_tiny(num_classes=10, data_format="NCHW", in_channels=3, zero_init_last_bn=False):
+    """A 4-stage, one-block-per-stage bottleneck ResNet at quarter width: for fast tests."""
+    return ResNet((1, 1, 1, 1), num_classes, in_channels, data_format, zero_init_last_bn,
+                  widths=(16, 32, 64, 128), stem_width=16)
