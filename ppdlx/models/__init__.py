@@ -1,5 +1,6 @@
 """Model families. Importing this package registers every model in ``MODELS``."""
 from ppdlx.models import resnet  # noqa: F401
+import ppdlx.models.gpunet  # noqa: F401
 from ppdlx.registry import MODELS
 
 

@@ -1,0 +1,109 @@
+"""YAML loading with ``_BASE_`` inheritance and ``-o a.b.c=value`` overrides.
+
+Every leaf value remembers where it came from (a file path or ``-o``) so that a
+validation error can name the file that holds the bad key.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any, Dict, Iterable, List, Tuple
+
+import yaml
+
+from ppdlx.errors import ConfigError
+
+BASE_KEY = "_BASE_"
+Sources = Dict[Tuple[str, ...], str]
+
+
+def _read_yaml(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{where} invalid YAML ({getattr(err, 'problem', err)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _record(tree: Any, source: str, sources: Sources, prefix: Tuple[str, ...] = ()) -> None:
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            sources[prefix + (str(key),)] = source
+            _record(value, source, sources, prefix + (str(key),))
+
+
+def merge(base: dict, update: dict) -> dict:
+    """Dicts merge recursively; anything else (lists included) is replaced."""
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_yaml_with_bases(path: str, sources: Sources | None = None, _stack: Tuple[str, ...] = ()) -> dict:
+    """Load ``path``; files in its ``_BASE_`` list (relative to it) load first, later ones win."""
+    sources = {} if sources is None else sources
+    path = os.path.normpath(path)
+    if path in _stack:
+        raise ConfigError(f"{path}: _BASE_ cycle: {' -> '.join(_stack + (path,))}")
+    data = _read_yaml(path)
+    bases = data.pop(BASE_KEY, [])
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list):
+        raise ConfigError(f"{path}: {BASE_KEY} must be a list of paths, got {bases!r}")
+    merged: dict = {}
+    for base in bases:
+        base_path = base if os.path.isabs(base) else os.path.join(os.path.dirname(path), base)
+        merged = merge(merged, load_yaml_with_bases(base_path, sources, _stack + (path,)))
+    _record(data, path, sources)
+    return merge(merged, data)
+
+
+def parse_overrides(items: Iterable[str]) -> List[Tuple[List[str], Any]]:
+    """``["a.b=1", "c=[1, 2]"]`` -> ``[(["a","b"], 1), (["c"], [1, 2])]`` (values parsed as YAML)."""
+    parsed = []
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"-o {item}: expected key.path=value (e.g. -o train.epochs=90)")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"-o {item}: empty key path")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() != "" else None
+        except yaml.YAMLError:
+            value = raw
+        parsed.append((key.split("."), value))
+    return parsed
+
+
+def apply_overrides(cfg: dict, overrides: Iterable[str], sources: Sources | None = None) -> dict:
+    cfg = copy.deepcopy(cfg)
+    for path, value in parse_overrides(overrides):
+        node = cfg
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(
+                    f"-o {'.'.join(path)}: '{'.'.join(path[:i + 1])}' is a value ({child!r}), not a section")
+            node = child
+        node[path[-1]] = value
+        if sources is not None:
+            sources[tuple(path)] = "-o"
+            _record(value, "-o", sources, tuple(path))
+    return cfg

@@ -1,0 +1,190 @@
+"""The config schema: every section, every key, its type and default.
+
+Unknown keys and wrong types are rejected (``extra="forbid"``, strict-ish types);
+``ppdlx.config.load_config`` turns pydantic's errors into one line naming the file,
+the key path, the bad value and a "did you mean".
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Literal, Optional, Tuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class GlobalConfig(Section):
+    output_dir: str = "output/run"
+    seed: int = 42
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    log_interval: int = Field(10, ge=1)
+    # CPU threads for paddle's math library; null = leave paddle's default.
+    cpu_threads: Optional[int] = Field(None, ge=1)
+
+
+class ModelConfig(Section):
+    name: str = "resnet50"
+    num_classes: int = Field(1000, ge=1)
+    weights: Optional[str] = None
+    data_format: Literal["NCHW", "NHWC"] = "NCHW"
+    # Family-specific constructor arguments, checked against the builder's signature.
+    args: Dict[str, Any] = Field(default_factory=dict)
+
+
+class TransformsConfig(Section):
+    crop_size: int = Field(224, ge=8)
+    resize_short: int = Field(256, ge=8)
+    scale: Tuple[float, float] = (0.08, 1.0)
+    ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+    hflip: float = Field(0.5, ge=0.0, le=1.0)
+    mean: List[float] = Field(default_factory=lambda: [123.675, 116.28, 103.53])
+    std: List[float] = Field(default_factory=lambda: [58.395, 57.12, 57.375])
+    interpolation: Literal["bilinear", "bicubic"] = "bilinear"
+    # Off for tests that need identical batches across graph modes.
+    random: bool = True
+
+
+class DaliConfig(Section):
+    device: Literal["cpu", "gpu"] = "cpu"
+    num_threads: int = Field(2, ge=1)
+    prefetch_queue_depth: int = Field(2, ge=1)
+    output_dtype: Literal["float32", "float16"] = "float32"
+    pad_output: bool = False
+
+
+class SyntheticConfig(Section):
+    num_images: int = Field(1024, ge=1)
+
+
+class DataConfig(Section):
+    root: str = "data/imagenet"
+    backend: Literal["paddle", "dali", "synthetic"] = "paddle"
+    train_split: str = "train"
+    val_split: str = "val"
+    batch_size: int = Field(256, ge=1)  # per device
+    workers: int = Field(4, ge=0)
+    transforms: TransformsConfig = Field(default_factory=TransformsConfig)
+    dali: DaliConfig = Field(default_factory=DaliConfig)
+    synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
+
+
+class TrainConfig(Section):
+    epochs: int = Field(90, ge=1)
+    graph: Literal["dynamic", "static", "to_static"] = "dynamic"
+    resume: Optional[str] = None  # "auto" or a checkpoint prefix
+    accumulate: int = Field(1, ge=1)
+    mixup_alpha: float = Field(0.0, ge=0.0)
+    # Stop with an error after this many consecutive non-finite losses.
+    max_nonfinite_steps: int = Field(10, ge=1)
+    # Cap on optimizer steps per epoch (benchmarks, smoke runs); null = the whole split.
+    steps_per_epoch: Optional[int] = Field(None, ge=1)
+    save_interval: int = Field(1, ge=1)
+    keep_epoch_checkpoints: bool = True
+
+
+class OptimizerConfig(Section):
+    name: str = "momentum"
+    momentum: float = 0.875
+    weight_decay: float = Field(1.0 / 32768, ge=0.0)
+    # BN scales/shifts and biases get no weight decay.
+    decay_bn_and_bias: bool = False
+    nesterov: bool = False
+    grad_clip_norm: Optional[float] = Field(None, gt=0.0)
+    # RMSprop (TF style) knobs
+    rho: float = 0.9
+    epsilon: float = 1e-3
+
+
+class LRConfig(Section):
+    name: str = "cosine"
+    # Learning rate for `base_batch` images; scaled linearly to the global batch.
+    base_lr: float = Field(0.256, gt=0.0)
+    base_batch: int = Field(256, ge=1)
+    scale_with_batch: bool = True
+    warmup_epochs: float = Field(5.0, ge=0.0)
+    warmup_start_lr: float = Field(0.0, ge=0.0)
+    min_lr: float = Field(0.0, ge=0.0)
+    # step decay
+    decay_epochs: float = Field(2.4, gt=0.0)
+    decay_rate: float = Field(0.97, gt=0.0)
+
+
+class LossConfig(Section):
+    name: str = "cross_entropy"
+    label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
+
+
+class AmpConfig(Section):
+    enabled: bool = False
+    dtype: Literal["float16", "bfloat16"] = "float16"
+    level: Literal["O1", "O2"] = "O1"
+    init_loss_scaling: float = Field(128.0, gt=0.0)
+    use_dynamic_loss_scaling: bool = True
+    incr_every_n_steps: int = Field(2000, ge=1)
+    decr_every_n_nan_or_inf: int = Field(1, ge=1)
+
+
+class EmaConfig(Section):
+    enabled: bool = False
+    decay: float = Field(0.9999, gt=0.0, lt=1.0)
+    # decay = min(decay, (1 + n) / (10 + n)) after n updates
+    dynamic_decay: bool = False
+    eval_with_ema: bool = True
+
+
+class AspConfig(Section):
+    enabled: bool = False
+    n: int = Field(2, ge=1)
+    m: int = Field(4, ge=2)
+    mask_algo: Literal["mask_1d", "mask_2d_greedy"] = "mask_1d"
+    exclude: List[str] = Field(default_factory=list)
+    prune_classifier: bool = False
+
+
+class DistillConfig(Section):
+    enabled: bool = False
+    teacher_config: Optional[str] = None
+    teacher_weights: Optional[str] = None
+    teacher_resolution: Optional[int] = Field(None, ge=8)
+    temperature: float = Field(1.0, gt=0.0)
+    weight: float = Field(1.0, ge=0.0)
+
+
+class EvalConfig(Section):
+    batch_size: Optional[int] = Field(None, ge=1)  # null = data.batch_size
+    interval: int = Field(1, ge=1)  # epochs
+    topk: Tuple[int, int] = (1, 5)
+
+
+class ExportConfig(Section):
+    output_dir: Optional[str] = None
+    output: Literal["logits", "probabilities"] = "logits"
+    onnx: bool = False
+    opset: int = Field(13, ge=7)
+
+
+class Config(Section):
+    global_: GlobalConfig = Field(default_factory=GlobalConfig, alias="global")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    lr: LRConfig = Field(default_factory=LRConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    amp: AmpConfig = Field(default_factory=AmpConfig)
+    ema: EmaConfig = Field(default_factory=EmaConfig)
+    asp: AspConfig = Field(default_factory=AspConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    @property
+    def global_cfg(self) -> GlobalConfig:
+        return self.global_
+
+    def to_dict(self) -> dict:
+        return self.model_dump(by_alias=True, mode="json")

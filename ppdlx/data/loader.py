@@ -1,0 +1,125 @@
+"""Build the classification input pipeline for a split from the ``data`` config."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import paddle
+
+from ppdlx.data.image_folder import ImageFolder
+from ppdlx.data.samplers import EvalBatchSampler, TrainBatchSampler
+from ppdlx.data.transforms import EvalTransform, TrainTransform
+from ppdlx.errors import ConfigError
+
+log = logging.getLogger("ppdlx.data")
+
+
+class _PaddleDataset(paddle.io.Dataset):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, index):
+        return self.inner[index]
+
+
+def _collate(batch):
+    good = [(img, label) for img, label, _ in batch if img is not None]
+    # -1 = decoded fine; a fixed length because paddle cannot pass empty arrays between workers
+    skipped = np.asarray([index if img is None else -1 for img, _, index in batch], dtype=np.int64)
+    if not good:
+        return np.zeros((1,), np.float32), np.full((1,), -1, np.int64), skipped
+    images = np.stack([img for img, _ in good])
+    labels = np.asarray([label for _, label in good], dtype=np.int64)
+    return images, labels, skipped
+
+
+class ImageFolderLoader:
+    """Yields ``(images, labels)`` paddle tensors; reports unreadable files once each."""
+
+    def __init__(self, dataset: ImageFolder, batch_sampler, workers: int):
+        self.dataset = dataset
+        self.batch_sampler = batch_sampler
+        self.workers = workers
+        self.skipped_files: list = []
+        self._loader = paddle.io.DataLoader(_PaddleDataset(dataset), batch_sampler=batch_sampler,
+                                            collate_fn=_collate, num_workers=workers, return_list=True,
+                                            use_shared_memory=workers > 0)
+
+    @property
+    def num_images(self):
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+        self.batch_sampler.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+    def __iter__(self):
+        for images, labels, skipped in self._loader:
+            for index in [i for i in np.asarray(skipped).reshape(-1).tolist() if i >= 0]:
+                path = self.dataset.samples[index][0]
+                if path not in self.skipped_files:
+                    self.skipped_files.append(path)
+                    log.warning("skipping unreadable image %s (%d skipped so far)", path, len(self.skipped_files))
+            if images.ndim == 1:  # every image of the batch was unreadable
+                continue
+            yield images, labels
+
+
+class SyntheticLoader:
+    """One fixed random batch repeated: measures the trainer without input cost."""
+
+    def __init__(self, batch_size, num_images, num_classes, crop_size, data_format, seed=0):
+        rng = np.random.default_rng(seed)
+        shape = (batch_size, 3, crop_size, crop_size) if data_format == "NCHW" else \
+            (batch_size, crop_size, crop_size, 3)
+        self.images = paddle.to_tensor(rng.standard_normal(shape).astype(np.float32))
+        self.labels = paddle.to_tensor(rng.integers(0, num_classes, batch_size).astype(np.int64))
+        self.steps = max(1, num_images // batch_size)
+        self.num_images = self.steps * batch_size
+
+    def set_epoch(self, epoch):
+        pass
+
+    def __len__(self):
+        return self.steps
+
+    def __iter__(self):
+        for _ in range(self.steps):
+            yield self.images, self.labels
+
+
+def build_classification_loader(cfg, split: str, rank: int = 0, world_size: int = 1, num_classes=None,
+                                batch_size=None, classes=None):
+    """``split`` is "train" or "val"; returns a loader with ``set_epoch``, ``len`` and ``num_images``."""
+    data, fmt = cfg.data, cfg.model.data_format
+    batch_size = batch_size or data.batch_size
+    if data.backend == "synthetic":
+        return SyntheticLoader(batch_size, data.synthetic.num_images, num_classes or cfg.model.num_classes,
+                               data.transforms.crop_size, fmt, cfg.global_.seed + rank)
+    if data.backend == "dali":
+        try:
+            from ppdlx.data import dali as dali_backend
+        except ImportError as err:
+            raise ConfigError(f"data.backend=dali: NVIDIA DALI is not installed ({err}); "
+                              f"pip install 'ppdlx[dali]' or set data.backend=paddle") from None
+        return dali_backend.build_dali_loader(cfg, split, rank, world_size, batch_size=batch_size)
+    training = split == "train"
+    transform = TrainTransform(data.transforms, fmt) if training else EvalTransform(data.transforms, fmt)
+    dataset = ImageFolder(data.root, data.train_split if training else data.val_split, transform,
+                          seed=cfg.global_.seed, classes=classes)
+    if training:
+        sampler = TrainBatchSampler(len(dataset), batch_size, rank, world_size, seed=cfg.global_.seed,
+                                    shuffle=data.transforms.random)
+        if len(sampler) == 0:
+            raise ConfigError(f"data.batch_size={batch_size}: larger than the {len(dataset)} training images "
+                              f"per rank ({dataset.split_dir}); lower data.batch_size")
+    else:
+        sampler = EvalBatchSampler(len(dataset), batch_size, rank, world_size)
+    return ImageFolderLoader(dataset, sampler, data.workers)

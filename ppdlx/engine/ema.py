@@ -1,0 +1,48 @@
+"""Exponential moving average of a model's parameters and BN statistics."""
+from __future__ import annotations
+
+import contextlib
+
+import paddle
+
+
+class ModelEMA:
+    def __init__(self, model, decay: float, dynamic_decay: bool = False):
+        self.decay, self.dynamic_decay = decay, dynamic_decay
+        self.updates = 0
+        with paddle.no_grad():
+            self.shadow = {k: v.detach().astype("float32").clone() for k, v in model.state_dict().items()
+                           if paddle.is_floating_point(v)}
+
+    def current_decay(self) -> float:
+        if self.dynamic_decay:
+            return min(self.decay, (1.0 + self.updates) / (10.0 + self.updates))
+        return self.decay
+
+    @paddle.no_grad()
+    def update(self, model) -> None:
+        d = self.current_decay()
+        self.updates += 1
+        for k, v in model.state_dict().items():
+            if k in self.shadow:
+                s = self.shadow[k]
+                s.set_value(s * d + v.detach().astype("float32") * (1.0 - d))
+
+    @contextlib.contextmanager
+    def swapped_into(self, model):
+        """Temporarily load the EMA weights into ``model`` (e.g. for evaluation)."""
+        backup = {k: v.detach().clone() for k, v in model.state_dict().items() if k in self.shadow}
+        model.set_state_dict(self.shadow)
+        try:
+            yield model
+        finally:
+            model.set_state_dict(backup)
+
+    def state_dict(self):
+        return {"updates": self.updates, "shadow": {k: v.numpy() for k, v in self.shadow.items()}}
+
+    def set_state_dict(self, state):
+        self.updates = int(state["updates"])
+        for k, v in state["shadow"].items():
+            if k in self.shadow:
+                self.shadow[k].set_value(paddle.to_tensor(v))

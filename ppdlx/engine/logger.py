@@ -1,0 +1,55 @@
+"""Progress lines on stdout, the same records as JSON lines, VisualDL when installed."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+
+def setup_logging(rank: int = 0) -> None:
+    level = logging.INFO if rank == 0 else logging.WARNING
+    logging.basicConfig(level=level, stream=sys.stdout, format="%(message)s", force=True)
+    # paddle's own info chatter is noise for users
+    logging.getLogger("paddle").setLevel(logging.WARNING)
+
+
+class MetricLogger:
+    """Writes ``<output_dir>/metrics.jsonl`` on rank 0 and mirrors scalars to VisualDL."""
+
+    def __init__(self, output_dir: str, rank: int = 0):
+        self.rank = rank
+        self.path = os.path.join(output_dir, "metrics.jsonl")
+        self.log = logging.getLogger("ppdlx")
+        self._vdl = None
+        if rank == 0:
+            os.makedirs(output_dir, exist_ok=True)
+            try:
+                from visualdl import LogWriter  # optional
+                self._vdl = LogWriter(logdir=os.path.join(output_dir, "vdl"))
+            except ImportError:
+                pass
+
+    def record(self, kind: str, line: str, step: int, **values) -> None:
+        if self.rank != 0:
+            return
+        self.log.info(line)
+        entry = {"kind": kind, "time": round(time.time(), 3), "step": step, **values}
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+        if self._vdl is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)):
+                    self._vdl.add_scalar(f"{kind}/{key}", value, step)
+
+    def close(self):
+        if self._vdl is not None:
+            self._vdl.close()
+
+
+def format_eta(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h:d}:{m:02d}:{s:02d}"

@@ -1,0 +1,254 @@
+"""The dynamic-graph training loop: a short explicit loop with hooks.
+
+Hooks are plain objects; any of these methods is called if present:
+``before_train(trainer)``, ``after_optimizer_step(trainer)`` (before the EMA
+update, e.g. to re-apply sparsity masks), ``after_epoch(trainer, metrics)``,
+``state_dict()`` / ``set_state_dict(state)`` (saved in ``.pdstates`` under the
+hook's ``name``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, List, Optional
+
+import paddle
+
+from ppdlx.engine import checkpoint as ckpt
+from ppdlx.engine import dist
+from ppdlx.engine.amp import AmpPlan, autocast
+from ppdlx.engine.logger import MetricLogger, format_eta
+from ppdlx.errors import PpdlxError
+
+log = logging.getLogger("ppdlx.train")
+
+
+class NonFiniteLossError(PpdlxError):
+    exit_code = 4
+
+
+@dataclass
+class Trainer:
+    model: Any                      # the Layer being trained (possibly DataParallel-wrapped)
+    raw_model: Any                  # the unwrapped Layer: checkpoints and EMA use its names
+    optimizer: Any
+    lr_schedule: Any
+    objective: Callable
+    train_loader: Any
+    evaluator: Optional[Callable]
+    output_dir: str
+    epochs: int
+    amp: AmpPlan
+    scaler: Any = None
+    ema: Any = None
+    eval_with_ema: bool = True
+    accumulate: int = 1
+    steps_per_epoch: Optional[int] = None
+    log_interval: int = 10
+    max_nonfinite_steps: int = 10
+    eval_interval: int = 1
+    save_interval: int = 1
+    keep_epoch_checkpoints: bool = True
+    hooks: List[Any] = field(default_factory=list)
+    rank: int = 0
+    world_size: int = 1
+    # state
+    epoch: int = 0
+    global_step: int = 0
+    best_metric: float = -math.inf
+    last_metrics: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.logger = MetricLogger(self.output_dir, self.rank)
+        self._nonfinite_run = 0
+        self._skipped_steps = 0
+
+    # ----------------------------------------------------------------- helpers
+    def _call_hooks(self, method, *args):
+        for hook in self.hooks:
+            fn = getattr(hook, method, None)
+            if fn is not None:
+                fn(self, *args)
+
+    def optimizer_steps_per_epoch(self) -> int:
+        steps = len(self.train_loader) // self.accumulate
+        if self.steps_per_epoch:
+            steps = min(steps, self.steps_per_epoch)
+        return max(steps, 1)
+
+    def _states(self) -> dict:
+        states = {"epoch": self.epoch, "global_step": self.global_step, "best_metric": self.best_metric,
+                  "lr_schedule": self.lr_schedule.state_dict(), "rng": ckpt.capture_rng(),
+                  "last_metrics": self.last_metrics}
+        if self.scaler is not None:
+            states["scaler"] = self.scaler.state_dict()
+        if self.ema is not None:
+            states["ema"] = self.ema.state_dict()
+        for hook in self.hooks:
+            if hasattr(hook, "state_dict"):
+                states[f"hook:{hook.name}"] = hook.state_dict()
+        return states
+
+    def save(self, improved: bool) -> None:
+        if self.rank != 0:
+            return
+        latest = os.path.join(self.output_dir, "latest")
+        ckpt.save_checkpoint(latest, self.raw_model.state_dict(), self.optimizer.state_dict(), self._states())
+        copies = []
+        if improved:
+            copies.append("best")
+        if self.keep_epoch_checkpoints and (self.epoch % self.save_interval == 0 or self.epoch == self.epochs):
+            copies.append(f"epoch_{self.epoch}")
+        for name in copies:
+            target = os.path.join(self.output_dir, name)
+            for suffix in ckpt.SUFFIXES:  # .pdstates last: marks the copy complete
+                tmp = f"{target}{suffix}.tmp.{os.getpid()}"
+                shutil.copyfile(latest + suffix, tmp)
+                os.replace(tmp, target + suffix)
+
+    def resume(self, prefix: str) -> None:
+        model_state, opt_state, states = ckpt.load_checkpoint(prefix)
+        self.raw_model.set_state_dict(model_state)
+        if opt_state is not None:
+            self.optimizer.set_state_dict(opt_state)
+        self.epoch = int(states["epoch"])
+        self.global_step = int(states["global_step"])
+        self.best_metric = float(states["best_metric"])
+        self.last_metrics = states.get("last_metrics", {})
+        self.lr_schedule.set_state_dict(states["lr_schedule"])
+        if self.scaler is not None and "scaler" in states:
+            self.scaler.load_state_dict(states["scaler"])
+        if self.ema is not None and "ema" in states:
+            self.ema.set_state_dict(states["ema"])
+        for hook in self.hooks:
+            key = f"hook:{getattr(hook, 'name', '')}"
+            if hasattr(hook, "set_state_dict") and key in states:
+                hook.set_state_dict(states[key])
+        ckpt.restore_rng(states["rng"])
+        log.info("resumed from %s at epoch %d (step %d)", prefix, self.epoch, self.global_step)
+
+    # ------------------------------------------------------------------- steps
+    def _backward(self, loss):
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def _optimizer_step(self):
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.clear_grad(set_to_zero=False)
+        self.lr_schedule.step()
+        self.global_step += 1
+        self._call_hooks("after_optimizer_step")
+        if self.ema is not None:
+            self.ema.update(self.raw_model)
+
+    def _check_finite(self, loss) -> bool:
+        if bool(paddle.isfinite(loss).all()):
+            self._nonfinite_run = 0
+            return True
+        self._nonfinite_run += 1
+        self._skipped_steps += 1
+        if self._nonfinite_run >= self.max_nonfinite_steps:
+            raise NonFiniteLossError(
+                f"loss was NaN/inf for {self._nonfinite_run} consecutive steps (epoch {self.epoch + 1}, "
+                f"step {self.global_step}); lower lr.base_lr, enable amp loss scaling, or check the data")
+        log.warning("non-finite loss at epoch %d step %d: step skipped", self.epoch + 1, self.global_step)
+        return False
+
+    def train_one_epoch(self) -> None:
+        self.model.train()
+        self.train_loader.set_epoch(self.epoch)
+        steps = self.optimizer_steps_per_epoch()
+        micro_total = steps * self.accumulate
+        window_images = 0
+        window_start = time.perf_counter()
+        epoch_start = window_start
+        done_micro = 0
+        micro_images = 0
+        for micro, batch in enumerate(self.train_loader):
+            if micro >= micro_total:
+                break
+            last_of_window = (micro + 1) % self.accumulate == 0
+            sync = contextlib_nullcontext()
+            if self.world_size > 1 and not last_of_window and hasattr(self.model, "no_sync"):
+                sync = self.model.no_sync()
+            with sync:
+                with autocast(self.amp):
+                    loss, n_images = self.objective(self.model, batch, self.epoch, self.global_step)
+                finite = self._check_finite(loss)
+                if finite or self.scaler is not None:
+                    self._backward(loss / self.accumulate if self.accumulate > 1 else loss)
+            micro_images += n_images
+            window_images += n_images
+            done_micro += 1
+            if not last_of_window:
+                continue
+            if finite or self.scaler is not None:
+                self._optimizer_step()
+            else:
+                self.optimizer.clear_grad(set_to_zero=False)
+            step_in_epoch = done_micro // self.accumulate
+            if step_in_epoch % self.log_interval == 0 or step_in_epoch == steps:
+                now = time.perf_counter()
+                ips_device = window_images / max(now - window_start, 1e-9)
+                ips_global = ips_device * self.world_size
+                remaining = (steps - step_in_epoch) + (self.epochs - self.epoch - 1) * steps
+                eta = remaining * (now - epoch_start) / max(step_in_epoch, 1)
+                lr = self.optimizer.get_lr()
+                loss_v = float(loss)
+                self.logger.record(
+                    "train",
+                    f"epoch {self.epoch + 1}/{self.epochs} step {step_in_epoch}/{steps} loss {loss_v:.4f} "
+                    f"lr {lr:.5f} ips {ips_global:.1f} img/s global ({ips_device:.1f}/device x "
+                    f"{self.world_size}) eta {format_eta(eta)}",
+                    self.global_step, epoch=self.epoch + 1, loss=loss_v, lr=lr, ips_global=ips_global,
+                    ips_per_device=ips_device, eta_s=round(eta, 1))
+                window_images, window_start = 0, time.perf_counter()
+
+    def evaluate(self) -> dict:
+        if self.evaluator is None:
+            return {}
+        if self.ema is not None and self.eval_with_ema:
+            with self.ema.swapped_into(self.raw_model):
+                metrics = self.evaluator(self.raw_model)
+            metrics["weights"] = "ema"
+        else:
+            metrics = self.evaluator(self.raw_model)
+        return metrics
+
+    def fit(self) -> dict:
+        self._call_hooks("before_train")
+        while self.epoch < self.epochs:
+            self.train_one_epoch()
+            self.epoch += 1
+            metrics = {}
+            if self.evaluator is not None and (self.epoch % self.eval_interval == 0 or self.epoch == self.epochs):
+                metrics = self.evaluate()
+                self.last_metrics = metrics
+                shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items()
+                                 if isinstance(v, float) and k not in ("seconds", "loss"))
+                self.logger.record("eval", f"eval epoch {self.epoch}: {shown} ({metrics.get('images', 0)} images, "
+                                   f"{metrics.get('seconds', 0.0):.1f} s)", self.global_step, epoch=self.epoch,
+                                   **{k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+            primary = metrics.get(getattr(self.evaluator, "primary", ""), None)
+            improved = primary is not None and primary > self.best_metric
+            if improved:
+                self.best_metric = primary
+            self._call_hooks("after_epoch", metrics)
+            self.save(improved)
+        self.logger.close()
+        return self.last_metrics
+
+
+def contextlib_nullcontext():
+    import contextlib
+    return contextlib.nullcontext()

@@ -1,0 +1,218 @@
+"""EfficientDet-D0: EfficientNet-B0 backbone -> P6/P7 resampling -> 3 BiFPN cells -> shared heads.
+
+``forward(images)`` returns ``(class_outputs, box_outputs)``: lists over levels P3..P7 of
+``[N, A*C, H, W]`` class logits and ``[N, A*4, H, W]`` box deltas (``[N, H, W, .]`` in NHWC),
+A = 9 anchors, channel = anchor * C + class, matching ``detection.anchors`` order. Loss
+(``detection.EfficientDetLoss``) and post-processing (``detection.EfficientDetPostProcess``)
+are separate callables. Images must already be normalised (no second normalisation).
+
+Differences from the NVIDIA TF2 reference, on purpose: fast-attention fusion weights go
+through ReLU (as upstream automl) so they stay non-negative; ``num_classes`` comes from the
+dataset instead of a hard-coded 90/91.
+"""
+from __future__ import annotations
+
+import math
+
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+
+from ppdlx.models.detection.anchors import DEFAULT_ASPECT_RATIOS
+from ppdlx.models.efficientnet import BN_EPS, BN_MOMENTUM, efficientnet_b0
+from ppdlx.registry import MODELS
+
+# BiFPN node topology: (level, input ids); ids 0..4 are the P3..P7 inputs, node i gets id 5 + i.
+BIFPN_NODES = (
+    (6, (3, 4)),      # P6'  <- P6, P7
+    (5, (2, 5)),      # P5'  <- P5, P6'
+    (4, (1, 6)),      # P4'  <- P4, P5'
+    (3, (0, 7)),      # P3'' <- P3, P4'
+    (4, (1, 7, 8)),   # P4'' <- P4, P4', P3''
+    (5, (2, 6, 9)),   # P5'' <- P5, P5', P4''
+    (6, (3, 5, 10)),  # P6'' <- P6, P6', P5''
+    (7, (4, 11)),     # P7'' <- P7, P6''
+)
+
+
+def _bn(ch, data_format):
+    return nn.BatchNorm2D(ch, momentum=BN_MOMENTUM, epsilon=BN_EPS, data_format=data_format)
+
+
+class SeparableConv(nn.Layer):
+    """Depthwise kxk (no bias) -> pointwise 1x1 (with bias), 'SAME' padding (Keras SeparableConv2D)."""
+
+    def __init__(self, in_ch, out_ch, kernel_size=3, data_format="NCHW", init=None, bias_init=0.0):
+        super().__init__()
+        init = init or nn.initializer.XavierUniform
+        self.depthwise = nn.Conv2D(in_ch, in_ch, kernel_size, padding="SAME", groups=in_ch, bias_attr=False,
+                                   data_format=data_format, weight_attr=paddle.ParamAttr(initializer=init()))
+        self.pointwise = nn.Conv2D(in_ch, out_ch, 1, data_format=data_format,
+                                   weight_attr=paddle.ParamAttr(initializer=init()),
+                                   bias_attr=paddle.ParamAttr(initializer=nn.initializer.Constant(bias_init)))
+
+    def forward(self, x):
+        return self.pointwise(self.depthwise(x))
+
+
+class ResampleFeatureMap(nn.Layer):
+    """Match channels (1x1 conv with bias + BN, only if they differ), then change resolution:
+    ``level_diff > 0`` max-pools (k = 2^d + 1, stride 2^d, 'SAME'); ``< 0`` nearest-upsamples
+    to the size of ``target``."""
+
+    def __init__(self, in_ch, out_ch, level_diff=0, data_format="NCHW"):
+        super().__init__()
+        self.data_format = data_format
+        self.conv = self.bn = None
+        if in_ch != out_ch:
+            self.conv = nn.Conv2D(in_ch, out_ch, 1, data_format=data_format,
+                                  weight_attr=paddle.ParamAttr(initializer=nn.initializer.XavierUniform()))
+            self.bn = _bn(out_ch, data_format)
+        self.level_diff = level_diff
+        self.pool = None
+        if level_diff > 0:
+            stride = 2 ** level_diff
+            self.pool = nn.MaxPool2D(stride + 1, stride, padding="SAME", data_format=data_format)
+
+    def forward(self, x, target=None):
+        if self.conv is not None:
+            x = self.bn(self.conv(x))
+        if self.pool is not None:
+            x = self.pool(x)
+        elif self.level_diff < 0:
+            hw = slice(2, 4) if self.data_format == "NCHW" else slice(1, 3)
+            size = target.shape[hw] if paddle.in_dynamic_mode() else paddle.shape(target)[hw]
+            x = F.interpolate(x, size=size, mode="nearest", data_format=self.data_format)
+        return x
+
+
+class FusionNode(nn.Layer):
+    """Fast normalised fusion ``sum(relu(w_i) x_i) / (sum(relu(w_i)) + 1e-4)`` -> swish ->
+    separable conv 3x3 -> BN."""
+
+    def __init__(self, level, input_ids, input_levels, input_channels, channels, data_format="NCHW"):
+        super().__init__()
+        self.level = level
+        self.input_ids = tuple(input_ids)
+        self.same_level = [input_levels[i] for i in input_ids].index(level)
+        self.resample = nn.LayerList([
+            ResampleFeatureMap(input_channels[i], channels, level - input_levels[i], data_format)
+            for i in input_ids])
+        self.weights = self.create_parameter([len(input_ids)], default_initializer=nn.initializer.Constant(1.0))
+        self.act = nn.Silu()
+        self.conv = SeparableConv(channels, channels, 3, data_format)
+        self.bn = _bn(channels, data_format)
+
+    def forward(self, feats):
+        target = feats[self.input_ids[self.same_level]]
+        w = F.relu(self.weights)
+        w = w / (w.sum() + 1e-4)
+        out = None
+        for j, (i, resample) in enumerate(zip(self.input_ids, self.resample)):
+            x = resample(feats[i], target) * w[j]
+            out = x if out is None else out + x
+        return self.bn(self.conv(self.act(out)))
+
+
+class BiFPNCell(nn.Layer):
+    def __init__(self, input_channels, channels, min_level=3, data_format="NCHW"):
+        super().__init__()
+        levels = [min_level + i for i in range(len(input_channels))]
+        chans = list(input_channels)
+        nodes = []
+        for level, ids in BIFPN_NODES:
+            nodes.append(FusionNode(level, ids, levels, chans, channels, data_format))
+            levels.append(level)
+            chans.append(channels)
+        self.nodes = nn.LayerList(nodes)
+        # Output per level = the last node at that level.
+        self.out_ids = [max(i for i, lv in enumerate(levels) if lv == level)
+                        for level in range(min_level, min_level + len(input_channels))]
+
+    def forward(self, feats):
+        feats = list(feats)
+        for node in self.nodes:
+            feats.append(node(feats))
+        return [feats[i] for i in self.out_ids]
+
+
+class BiFPN(nn.Layer):
+    """Backbone C3..C5 -> P3..P7 (P6 = 1x1 conv + BN + max-pool of C5, P7 = max-pool of P6)
+    -> ``num_cells`` BiFPN cells; returns five ``channels``-wide maps."""
+
+    def __init__(self, backbone_channels=(40, 112, 320), channels=64, num_cells=3, min_level=3,
+                 data_format="NCHW"):
+        super().__init__()
+        self.p6 = ResampleFeatureMap(backbone_channels[-1], channels, 1, data_format)
+        self.p7 = ResampleFeatureMap(channels, channels, 1, data_format)
+        in_ch = tuple(backbone_channels) + (channels, channels)
+        cells = []
+        for _ in range(num_cells):
+            cells.append(BiFPNCell(in_ch, channels, min_level, data_format))
+            in_ch = (channels,) * 5
+        self.cells = nn.LayerList(cells)
+
+    def forward(self, feats):
+        feats = list(feats)
+        feats.append(self.p6(feats[-1]))
+        feats.append(self.p7(feats[-1]))
+        for cell in self.cells:
+            feats = cell(feats)
+        return feats
+
+
+class HeadNet(nn.Layer):
+    """``repeats`` x [separable conv (shared over levels) -> BN (one per level) -> swish] ->
+    separable-conv predictor with ``num_outputs`` channels."""
+
+    def __init__(self, channels, num_outputs, repeats=3, num_levels=5, bias_init=0.0, data_format="NCHW"):
+        super().__init__()
+        init = lambda: nn.initializer.KaimingNormal(nonlinearity="linear")  # Keras VarianceScaling(1, fan_in)
+        self.convs = nn.LayerList([SeparableConv(channels, channels, 3, data_format, init) for _ in range(repeats)])
+        self.bns = nn.LayerList([nn.LayerList([_bn(channels, data_format) for _ in range(num_levels)])
+                                 for _ in range(repeats)])
+        self.act = nn.Silu()
+        self.predict = SeparableConv(channels, num_outputs, 3, data_format, init, bias_init)
+
+    def forward(self, feats):
+        outs = []
+        for level, x in enumerate(feats):
+            for conv, bns in zip(self.convs, self.bns):
+                x = self.act(bns[level](conv(x)))
+            outs.append(self.predict(x))
+        return outs
+
+
+class EfficientDet(nn.Layer):
+    def __init__(self, num_classes=90, data_format="NCHW", image_size=512, fpn_channels=64, fpn_cells=3,
+                 head_repeats=3, num_scales=3, aspect_ratios=DEFAULT_ASPECT_RATIOS, anchor_scale=4.0,
+                 min_level=3, max_level=7, backbone_drop_connect_rate=0.0, prior_prob=0.01):
+        super().__init__()
+        if (min_level, max_level) != (3, 7):
+            raise ValueError("EfficientDet here supports levels 3..7 only")
+        self.num_classes = num_classes
+        self.data_format = data_format
+        self.image_size = image_size
+        self.anchor_args = dict(min_level=min_level, max_level=max_level, num_scales=num_scales,
+                                aspect_ratios=tuple(tuple(a) for a in aspect_ratios), anchor_scale=anchor_scale)
+        self.num_anchors = num_scales * len(aspect_ratios)
+        self.backbone = efficientnet_b0(data_format=data_format, drop_connect_rate=backbone_drop_connect_rate,
+                                        features_only=True)
+        self.fpn = BiFPN(self.backbone.feature_channels, fpn_channels, fpn_cells, min_level, data_format)
+        levels = max_level - min_level + 1
+        self.class_net = HeadNet(fpn_channels, self.num_anchors * num_classes, head_repeats, levels,
+                                 -math.log((1.0 - prior_prob) / prior_prob), data_format)
+        self.box_net = HeadNet(fpn_channels, self.num_anchors * 4, head_repeats, levels, 0.0, data_format)
+
+    def forward(self, images):
+        feats = self.fpn(self.backbone(images))
+        return self.class_net(feats), self.box_net(feats)
+
+
+@MODELS.register("efficientdet_d0")
+def efficientdet_d0(num_classes=90, data_format="NCHW", image_size=512, fpn_channels=64, fpn_cells=3,
+                    head_repeats=3, num_scales=3, aspect_ratios=DEFAULT_ASPECT_RATIOS, anchor_scale=4.0,
+                    backbone_drop_connect_rate=0.0, prior_prob=0.01):
+    """EfficientDet-D0; ``num_classes`` from the dataset (COCO: 80 contiguous or 90 category slots)."""
+    return EfficientDet(num_classes, data_format, image_size, fpn_channels, fpn_cells, head_repeats, num_scales,
+                        aspect_ratios, anchor_scale, 3, 7, backbone_drop_connect_rate, prior_prob)
