@@ -412,6 +412,8 @@ def validate_config(config: Any, source: str = "<gpunet config>") -> List[Dict[s
     for i, entry in enumerate(config[1:], start=1):
         ltype = entry["layer_type"]
         where = f"entry {i} ({ltype})"
+        if not isinstance(ltype, str):
+            _fail(source, f"entry {i}: 'layer_type' must be a string, got {ltype!r}")
         if ltype == "data":
             _fail(source, f"entry {i}: 'data' is only allowed as entry 0")
         if ltype not in family:
@@ -447,8 +449,8 @@ def validate_config(config: Any, source: str = "<gpunet config>") -> List[Dict[s
     return config
 
 
-def load_config(json_path: str) -> List[Dict[str, Any]]:
-    """Read and validate a GPUNet JSON file."""
+def read_json(json_path: str) -> Any:
+    """Parse a JSON file; unreadable or malformed files fail with one line naming the file."""
     try:
         with open(json_path, "r", encoding="utf-8") as f:
             config = json.load(f)
@@ -458,7 +460,12 @@ def load_config(json_path: str) -> List[Dict[str, Any]]:
         _fail(json_path, f"cannot read: {e}")
     except json.JSONDecodeError as e:
         _fail(json_path, f"invalid JSON: {e}")
-    return validate_config(config, source=json_path)
+    return config
+
+
+def load_config(json_path: str) -> List[Dict[str, Any]]:
+    """Read and validate a GPUNet JSON file."""
+    return validate_config(read_json(json_path), source=json_path)
 
 
 # ----------------------------------------------------------------------------- model
@@ -522,7 +529,7 @@ class GPUNet(nn.Layer):
 
     @classmethod
     def from_json(cls, json_path, **kwargs):
-        return cls(load_config(json_path), source=str(json_path), **kwargs)
+        return cls(read_json(str(json_path)), source=str(json_path), **kwargs)  # validated in __init__
 
     def block_table(self):
         """``[(entry_index, layer_type, has_residual, effective_drop_path_rate), ...]``."""

@@ -117,13 +117,14 @@ def test_registered_factories():
 
 
 def test_json_copies_are_byte_identical():
-    shared = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "data", "gpunet")
+    # the repo's sibling shared/ (as on the developers' machines and in CI); skipped when absent
+    shared = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data", "gpunet")
     for name in NAMES:
         with open(G.arch_path(name), "rb") as f:
             ours = f.read()
         assert len(ours) > 3000 and ours.lstrip().startswith(b"[")
         theirs = os.path.join(shared, name + ".json")
-        if os.path.exists(theirs):
+        if os.path.isdir(shared):
             with open(theirs, "rb") as f:
                 assert f.read() == ours
 
@@ -253,7 +254,7 @@ def test_drop_path_function():
     y = G.drop_path(x, 0.25, training=True).numpy()
     per_sample = y.reshape(4000, -1)
     assert np.all(per_sample.min(1) == per_sample.max(1))  # whole sample kept or dropped
-    assert set(np.unique(per_sample.round(6))) <= {0.0, round(1 / 0.75, 6)}
+    np.testing.assert_allclose(np.unique(per_sample), [0.0, 1 / 0.75], rtol=1e-6)  # x / keep * {0, 1}
     assert abs((per_sample[:, 0] > 0).mean() - 0.75) < 0.03
     assert abs(y.mean() - 1.0) < 0.04
 
