@@ -80,10 +80,29 @@ class ResampleFeatureMap(nn.Layer):
         if self.pool is not None:
             x = self.pool(x)
         elif self.level_diff < 0:
-            hw = slice(2, 4) if self.data_format == "NCHW" else slice(1, 3)
-            size = target.shape[hw] if paddle.in_dynamic_mode() else paddle.shape(target)[hw]
-            x = F.interpolate(x, size=size, mode="nearest", data_format=self.data_format)
+            x = nearest_upsample(x, 2 ** (-self.level_diff), target, self.data_format)
         return x
+
+
+def nearest_upsample(x, factor, target, data_format="NCHW"):
+    """Nearest-neighbour upsampling by an integer ``factor``, cropped to ``target``'s spatial size
+    (source index = floor(dst / factor), like ``F.interpolate(mode="nearest")``).
+
+    Built from expand/flatten/slice: an ``interpolate`` with a tensor size exports fine but the
+    oneDNN inference executor rejects its attributes.
+    """
+    h_axis = 2 if data_format == "NCHW" else 1
+    for axis in (h_axis + 1, h_axis):  # width, then height
+        shape = [-1] * (x.ndim + 1)
+        shape[axis + 1] = factor
+        x = x.unsqueeze(axis + 1).expand(shape).flatten(axis, axis + 1)
+    if paddle.in_dynamic_mode():
+        th, tw = target.shape[h_axis], target.shape[h_axis + 1]
+        if x.shape[h_axis] == th and x.shape[h_axis + 1] == tw:
+            return x
+    else:
+        th, tw = paddle.shape(target)[h_axis], paddle.shape(target)[h_axis + 1]
+    return paddle.slice(x, axes=[h_axis, h_axis + 1], starts=[0, 0], ends=[th, tw])
 
 
 class FusionNode(nn.Layer):
@@ -98,14 +117,14 @@ class FusionNode(nn.Layer):
         self.resample = nn.LayerList([
             ResampleFeatureMap(input_channels[i], channels, level - input_levels[i], data_format)
             for i in input_ids])
-        self.weights = self.create_parameter([len(input_ids)], default_initializer=nn.initializer.Constant(1.0))
+        self.fusion_weights = self.create_parameter([len(input_ids)], default_initializer=nn.initializer.Constant(1.0))
         self.act = nn.Silu()
         self.conv = SeparableConv(channels, channels, 3, data_format)
         self.bn = _bn(channels, data_format)
 
     def forward(self, feats):
         target = feats[self.input_ids[self.same_level]]
-        w = F.relu(self.weights)
+        w = F.relu(self.fusion_weights)
         w = w / (w.sum() + 1e-4)
         out = None
         for j, (i, resample) in enumerate(zip(self.input_ids, self.resample)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import paddle
 import paddle.nn.functional as F
 
+from ppdlx.errors import ConfigError
 from ppdlx.models.detection.anchors import DEFAULT_ASPECT_RATIOS, flatten_head_outputs, generate_anchors
 from ppdlx.models.detection.target_assigner import IGNORED, assign_targets
 
@@ -44,12 +45,13 @@ class EfficientDetLoss:
       0-based class ids and -1 for padding rows.
     * returns ``{"total", "cls", "box"}`` scalar tensors (``total`` is differentiable) and
       ``"num_positives"`` (float tensor, whole batch).
+    * ``image_size`` (constructor, or per call) is the network input size the anchors are made for.
     """
 
     def __init__(self, num_classes, image_size=512, min_level=3, max_level=7, num_scales=3,
                  aspect_ratios=DEFAULT_ASPECT_RATIOS, anchor_scale=4.0, alpha=0.25, gamma=1.5,
                  delta=0.1, box_loss_weight=50.0, matched_threshold=0.5, unmatched_threshold=0.5,
-                 label_smoothing=0.0, gt_box_format="yxyx", data_format="NCHW"):
+                 label_smoothing=0.0, gt_box_format="yxyx", data_format="NCHW", assign_backend="auto"):
         if gt_box_format not in ("yxyx", "xyxy"):
             raise ValueError(f"gt_box_format must be 'yxyx' or 'xyxy', got {gt_box_format!r}")
         self.num_classes = num_classes
@@ -62,7 +64,16 @@ class EfficientDetLoss:
         self.label_smoothing = label_smoothing
         self.gt_box_format = gt_box_format
         self.data_format = data_format
+        self.assign_backend = assign_backend  # see target_assigner.assign_targets
         self._anchors = {}
+
+    @classmethod
+    def from_model(cls, model, **kwargs):
+        """Build with the model's ``num_classes``, ``image_size``, anchor settings and data_format."""
+        args = dict(num_classes=model.num_classes, image_size=model.image_size, data_format=model.data_format,
+                    **model.anchor_args)
+        args.update(kwargs)
+        return cls(**args)
 
     def anchors(self, image_size=None):
         key = image_size or self.image_size
@@ -72,19 +83,32 @@ class EfficientDetLoss:
         return self._anchors[key]
 
     def __call__(self, outputs, gt_boxes, gt_classes, image_size=None):
-        cls_outputs, box_outputs = outputs
-        cls_flat, box_flat = flatten_head_outputs(cls_outputs, box_outputs, self.num_classes, self.data_format)
-        anchors = self.anchors(image_size)
-        if cls_flat.shape[1] != anchors.shape[0]:
-            raise ValueError(f"head outputs have {cls_flat.shape[1]} anchors but image_size "
-                             f"{image_size or self.image_size} gives {anchors.shape[0]}; pass the input size")
-        gt_boxes = paddle.to_tensor(gt_boxes) if not isinstance(gt_boxes, paddle.Tensor) else gt_boxes
-        gt_classes = paddle.to_tensor(gt_classes) if not isinstance(gt_classes, paddle.Tensor) else gt_classes
+        cls_flat, box_flat = self.flatten(outputs)
+        cls_targets, box_targets, num_pos = self.assign(gt_boxes, gt_classes, image_size)
+        if cls_flat.shape[1] != cls_targets.shape[1]:
+            raise ConfigError(f"the heads give {cls_flat.shape[1]} anchors but image_size "
+                              f"{image_size or self.image_size} gives {cls_targets.shape[1]}; set the model's "
+                              f"image_size to the input size")
+        return self.loss_from_targets(cls_flat, box_flat, cls_targets, box_targets, num_pos.sum())
+
+    def flatten(self, outputs):
+        """``(cls_outputs, box_outputs)`` lists per level -> ``cls [N, A, C]``, ``box [N, A, 4]``."""
+        return flatten_head_outputs(outputs[0], outputs[1], self.num_classes, self.data_format)
+
+    def assign(self, gt_boxes, gt_classes, image_size=None):
+        """Padded ground truth -> ``cls_targets [N, A]``, ``box_targets [N, A, 4]``, ``num_positives [N]``.
+
+        With several devices: ``t = loss_fn.assign(...)``, all-reduce ``t[2].sum()`` (mean over
+        devices, as the reference), then ``loss_fn.loss_from_targets(*loss_fn.flatten(out), t[0], t[1], n)``.
+        """
+        if not isinstance(gt_boxes, paddle.Tensor):
+            gt_boxes = paddle.to_tensor(gt_boxes, dtype="float32")
+        if not isinstance(gt_classes, paddle.Tensor):
+            gt_classes = paddle.to_tensor(gt_classes, dtype="int64")
         if self.gt_box_format == "xyxy":
             gt_boxes = paddle.index_select(gt_boxes.astype("float32"), paddle.to_tensor([1, 0, 3, 2]), axis=-1)
-        cls_targets, box_targets, num_pos = assign_targets(anchors, gt_boxes, gt_classes,
-                                                           self.matched_threshold, self.unmatched_threshold)
-        return self.loss_from_targets(cls_flat, box_flat, cls_targets, box_targets, num_pos.sum())
+        return assign_targets(self.anchors(image_size), gt_boxes, gt_classes, self.matched_threshold,
+                              self.unmatched_threshold, self.assign_backend)
 
     def loss_from_targets(self, cls_flat, box_flat, cls_targets, box_targets, num_positives):
         """Loss from flattened outputs and already assigned targets (e.g. made by the data pipeline)."""

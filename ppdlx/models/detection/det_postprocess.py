@@ -42,6 +42,14 @@ class EfficientDetPostProcess(nn.Layer):
         self.num_anchors = anchors.shape[0]
         self.register_buffer("anchors", paddle.to_tensor(anchors), persistable=False)
 
+    @classmethod
+    def from_model(cls, model, **kwargs):
+        """Build with the model's ``num_classes``, ``image_size``, anchor settings and data_format."""
+        args = dict(num_classes=model.num_classes, image_size=model.image_size, data_format=model.data_format,
+                    **model.anchor_args)
+        args.update(kwargs)
+        return cls(**args)
+
     def select_and_decode(self, cls_outputs, box_outputs):
         """Top-k over flattened (anchor x class) logits -> ``boxes [N, K, 4]`` (ymin, xmin, ymax,
         xmax, input pixels), ``scores [N, K]`` (sigmoid, descending), ``classes [N, K]`` int64."""

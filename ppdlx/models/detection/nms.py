@@ -28,7 +28,9 @@ def multiclass_hard_nms(boxes, scores, classes, num_classes, iou_threshold=0.5, 
     start = paddle.cumsum(count) - count
     slots = paddle.arange(max_detections, dtype="int64")
     valid = slots.unsqueeze(0) < count.unsqueeze(1)
-    dummy = paddle.to_tensor([[-1.0, -1.0, 0.0, 0.0, 0.0, 0.0]], dtype=out.dtype)
+    # Padding row (label -1, score -1, box 0), built from `full`: a `to_tensor` constant becomes an
+    # assign_value op whose double-array attribute the oneDNN inference executor rejects.
+    dummy = paddle.concat([paddle.full([1, 2], -1.0, out.dtype), paddle.zeros([1, 4], out.dtype)], axis=1)
     table = paddle.concat([out.reshape([-1, 6]), dummy], axis=0)
     dummy_idx = paddle.shape(table)[0].astype("int64") - 1  # last row; dynamic under jit too
     idx = paddle.where(valid, start.unsqueeze(1) + slots.unsqueeze(0),
@@ -36,7 +38,7 @@ def multiclass_hard_nms(boxes, scores, classes, num_classes, iou_threshold=0.5, 
     det = paddle.gather(table, idx.reshape([-1])).reshape([-1, max_detections, 6])
     order = paddle.argsort(det[:, :, 1], axis=1, descending=True, stable=True)  # padding score -1 last
     det = paddle.take_along_axis(det, order.unsqueeze(-1).expand([-1, max_detections, 6]), 1)
-    valid_f = paddle.take_along_axis(valid, order, 1).astype(out.dtype)
+    valid_f = valid.astype(out.dtype)  # after the sort the valid rows are the first count[i]
     return (det[:, :, 2:] * valid_f.unsqueeze(-1), det[:, :, 1] * valid_f,
             det[:, :, 0].astype("int64"), count.astype("int32"))
 
@@ -74,7 +76,13 @@ def soft_nms_np(boxes, scores, sigma=0.5, score_threshold=0.001, method="gaussia
 
 def multiclass_soft_nms_np(boxes, scores, classes, max_detections=100, sigma=0.5, score_threshold=0.001):
     """Per-class soft-NMS for one image (numpy); same return layout as ``multiclass_hard_nms``
-    without the batch dim: ``boxes [D, 4]``, ``scores [D]``, ``classes [D]``, ``count``."""
+    without the batch dim: ``boxes [D, 4]``, ``scores [D]``, ``classes [D]``, ``count``.
+
+    Candidates already below ``score_threshold`` are dropped first (the reference would keep
+    the best of such a class with its tiny score; no effect on mAP worth the clutter).
+    """
+    keep = np.asarray(scores) >= score_threshold
+    boxes, scores, classes = np.asarray(boxes)[keep], np.asarray(scores)[keep], np.asarray(classes)[keep]
     out_b, out_s, out_c = [], [], []
     for c in np.unique(classes):
         sel = classes == c

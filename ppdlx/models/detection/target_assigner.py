@@ -24,57 +24,63 @@ IGNORED = -2
 
 def box_iou(boxes1, boxes2):
     """IoU of ``boxes1 [..., M, 4]`` with ``boxes2 [A, 4]`` -> ``[..., M, A]`` (0 where no overlap)."""
-    b1 = boxes1.unsqueeze(-2)
-    ymin = paddle.maximum(b1[..., 0], boxes2[:, 0])
-    xmin = paddle.maximum(b1[..., 1], boxes2[:, 1])
-    ymax = paddle.minimum(b1[..., 2], boxes2[:, 2])
-    xmax = paddle.minimum(b1[..., 3], boxes2[:, 3])
-    inter = (ymax - ymin).clip(min=0) * (xmax - xmin).clip(min=0)
+    h = (paddle.minimum(boxes1[..., 2:3], boxes2[:, 2]) - paddle.maximum(boxes1[..., 0:1], boxes2[:, 0])).clip(min=0)
+    w = (paddle.minimum(boxes1[..., 3:4], boxes2[:, 3]) - paddle.maximum(boxes1[..., 1:2], boxes2[:, 1])).clip(min=0)
+    inter = h * w
     area1 = (boxes1[..., 2] - boxes1[..., 0]) * (boxes1[..., 3] - boxes1[..., 1])
     area2 = (boxes2[:, 2] - boxes2[:, 0]) * (boxes2[:, 3] - boxes2[:, 1])
-    union = area1.unsqueeze(-1) + area2 - inter
-    return paddle.where(inter > 0, inter / union.clip(min=1e-12), paddle.zeros_like(inter))
+    return inter / (area1.unsqueeze(-1) + area2 - inter).clip(min=1e-12)
 
 
 @paddle.no_grad()
-def assign_targets(anchors, gt_boxes, gt_classes, matched_threshold=0.5, unmatched_threshold=0.5):
-    """Batched paddle target assignment; see the module docstring for shapes."""
-    anchors = paddle.to_tensor(anchors, dtype="float32") if not isinstance(anchors, paddle.Tensor) else anchors
+def assign_targets(anchors, gt_boxes, gt_classes, matched_threshold=0.5, unmatched_threshold=0.5,
+                   backend="auto"):
+    """Target assignment for a padded batch (paddle tensors in and out; shapes in the module doc).
+
+    Loops over the images so that each IoU matrix only holds that image's real boxes
+    (``[M_i, A]``). ``backend``: "paddle" (vectorised paddle ops), "numpy" (``assign_targets_np``
+    per image) or "auto" = numpy for CPU tensors (paddle's broadcasting min/max kernels are ~5x
+    slower than numpy on CPU), paddle otherwise. Both give identical targets. Needs dygraph.
+    """
+    if backend not in ("auto", "paddle", "numpy"):
+        raise ValueError(f"backend must be auto, paddle or numpy, got {backend!r}")
+    if not isinstance(anchors, paddle.Tensor):
+        anchors = paddle.to_tensor(anchors, dtype="float32")
     gt_boxes = gt_boxes.astype("float32")
     gt_classes = gt_classes.astype("int64")
-    n, m = gt_classes.shape[0], gt_classes.shape[1]
+    if backend == "numpy" or (backend == "auto" and gt_boxes.place.is_cpu_place()):
+        a, b, c = anchors.numpy(), gt_boxes.numpy(), gt_classes.numpy()
+        outs = [assign_targets_np(a, b[i], c[i], matched_threshold, unmatched_threshold) for i in range(len(c))]
+        return (paddle.to_tensor(np.stack([o[0] for o in outs])), paddle.to_tensor(np.stack([o[1] for o in outs])),
+                paddle.to_tensor(np.asarray([o[2] for o in outs], np.float32)))
+    outs = [_assign_one(anchors, gt_boxes[i], gt_classes[i], matched_threshold, unmatched_threshold)
+            for i in range(gt_classes.shape[0])]
+    return tuple(paddle.stack(t) for t in zip(*outs))
+
+
+def _assign_one(anchors, boxes, classes, matched_threshold, unmatched_threshold):
     num_anchors = anchors.shape[0]
-    valid = gt_classes >= 0
-    if paddle.in_dynamic_mode() and m > 0:
-        # Drop the all-padding tail columns shared by the batch: the IoU matrix is [N, M, A].
-        m_used = int(valid.astype("int32").sum(1).max())
-        order = paddle.argsort(valid.astype("int32"), axis=1, descending=True, stable=True)
-        order = order[:, :max(m_used, 1)]
-        gt_boxes = paddle.take_along_axis(gt_boxes, order.unsqueeze(-1).expand([n, order.shape[1], 4]), 1)
-        gt_classes = paddle.take_along_axis(gt_classes, order, 1)
-        valid = gt_classes >= 0
-        m = order.shape[1]
-    iou = box_iou(gt_boxes, anchors)  # [N, M, A]
-    iou = paddle.where(valid.unsqueeze(-1), iou, paddle.full_like(iou, -1.0))
-    max_iou = iou.max(axis=1)  # [N, A]
-    match = iou.argmax(axis=1)  # [N, A]
-    # Force match: each valid gt row claims its best anchor (lowest row id wins on conflicts).
-    best_anchor = iou.argmax(axis=2)  # [N, M]
-    rows = paddle.arange(m, dtype="int64").unsqueeze(0).expand([n, m])
-    rows = paddle.where(valid, rows, paddle.full_like(rows, m))
-    forced_row = paddle.put_along_axis(paddle.full([n, num_anchors], m, dtype="int64"), best_anchor, rows,
-                                       axis=1, reduce="amin")
+    keep = paddle.nonzero(classes >= 0).flatten()
+    m = keep.shape[0]
+    if m == 0:
+        return (paddle.full([num_anchors], BACKGROUND, "int64"), paddle.zeros([num_anchors, 4]),
+                paddle.zeros([], "float32"))
+    boxes, classes = paddle.gather(boxes, keep), paddle.gather(classes, keep)
+    iou = box_iou(boxes, anchors)  # [M, A]
+    max_iou, match = iou.max(axis=0), iou.argmax(axis=0)
+    # Force match: each gt claims its best anchor; on conflicts the lowest gt index wins.
+    forced_row = paddle.put_along_axis(paddle.full([num_anchors], m, "int64"), iou.argmax(axis=1),
+                                       paddle.arange(m, dtype="int64"), axis=0, reduce="amin")
     forced = forced_row < m
     match = paddle.where(forced, forced_row, match)
     positive = forced | (max_iou >= matched_threshold)
     ignored = (~positive) & (max_iou >= unmatched_threshold)
-    matched_cls = paddle.take_along_axis(gt_classes, match, 1)
+    matched_cls = paddle.gather(classes, match)
     cls_targets = paddle.where(positive, matched_cls,
                                paddle.where(ignored, paddle.full_like(matched_cls, IGNORED),
                                             paddle.full_like(matched_cls, BACKGROUND)))
-    matched_boxes = paddle.take_along_axis(gt_boxes, match.unsqueeze(-1).expand([n, num_anchors, 4]), 1)
-    box_targets = encode_boxes(matched_boxes, anchors) * positive.unsqueeze(-1).astype("float32")
-    return cls_targets, box_targets, positive.astype("float32").sum(1)
+    box_targets = encode_boxes(paddle.gather(boxes, match), anchors) * positive.unsqueeze(-1).astype("float32")
+    return cls_targets, box_targets, positive.astype("float32").sum()
 
 
 def assign_targets_np(anchors, gt_boxes, gt_classes, matched_threshold=0.5, unmatched_threshold=0.5):
