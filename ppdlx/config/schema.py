@@ -138,12 +138,18 @@ class EmaConfig(Section):
 
 
 class AspConfig(Section):
+    # n:m structured sparsity (ppdlx.sparsity): keep n of every m consecutive input channels
+    # (2:4 = TensorRT's sparse pattern). tools/prune_asp.py forces enabled=true.
     enabled: bool = False
     n: int = Field(2, ge=1)
     m: int = Field(4, ge=2)
     mask_algo: Literal["mask_1d", "mask_2d_greedy"] = "mask_1d"
+    # fnmatch patterns over layer or parameter names never pruned, e.g. ["stem.*", "*.shortcut.conv"]
     exclude: List[str] = Field(default_factory=list)
+    # the classifier = last Linear (or conv) whose output width is model.num_classes
     prune_classifier: bool = False
+    # layer kinds that may be pruned (grouped/depthwise convs and Cin % m != 0 are always skipped)
+    layer_types: List[Literal["conv2d", "linear"]] = Field(default_factory=lambda: ["conv2d", "linear"])
 
 
 class DistillConfig(Section):

@@ -115,8 +115,7 @@ def build_classification_loader(cfg, split: str, rank: int = 0, world_size: int 
     dataset = ImageFolder(data.root, data.train_split if training else data.val_split, transform,
                           seed=cfg.global_.seed, classes=classes)
     if training:
-        sampler = TrainBatchSampler(len(dataset), batch_size, rank, world_size, seed=cfg.global_.seed,
-                                    shuffle=data.transforms.random)
+        sampler = TrainBatchSampler(len(dataset), batch_size, rank, world_size, seed=cfg.global_.seed)
         if len(sampler) == 0:
             raise ConfigError(f"data.batch_size={batch_size}: larger than the {len(dataset)} training images "
                               f"per rank ({dataset.split_dir}); lower data.batch_size")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import pickle
 import random
 
 import numpy as np
@@ -19,11 +20,21 @@ from ppdlx.errors import ConfigError
 SUFFIXES = (".pdparams", ".pdopt", ".pdstates")
 
 
-def atomic_save(obj, path: str) -> None:
+def atomic_save(obj, path: str, plain_pickle: bool = False) -> None:
+    """``plain_pickle`` for ``.pdstates``: paddle.load would turn its numpy RNG arrays into tensors."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
-    paddle.save(obj, tmp)
+    if plain_pickle:
+        with open(tmp, "wb") as f:
+            pickle.dump(obj, f, protocol=4)
+    else:
+        paddle.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def load_states(path: str) -> dict:
+    with open(path, "rb") as f:
+        return pickle.load(f)
 
 
 def capture_rng() -> dict:
@@ -40,7 +51,7 @@ def save_checkpoint(prefix: str, model_state: dict, optimizer_state: dict | None
     atomic_save(model_state, prefix + ".pdparams")
     if optimizer_state is not None:
         atomic_save(optimizer_state, prefix + ".pdopt")
-    atomic_save(states, prefix + ".pdstates")
+    atomic_save(states, prefix + ".pdstates", plain_pickle=True)
 
 
 def strip_suffix(path: str) -> str:
@@ -65,7 +76,7 @@ def resolve_resume(resume: str, output_dir: str):
 def load_checkpoint(prefix: str):
     model = paddle.load(prefix + ".pdparams")
     opt = paddle.load(prefix + ".pdopt") if os.path.isfile(prefix + ".pdopt") else None
-    states = paddle.load(prefix + ".pdstates")
+    states = load_states(prefix + ".pdstates")
     return model, opt, states
 
 

@@ -9,10 +9,14 @@ import time
 
 
 def setup_logging(rank: int = 0) -> None:
-    level = logging.INFO if rank == 0 else logging.WARNING
-    logging.basicConfig(level=level, stream=sys.stdout, format="%(message)s", force=True)
-    # paddle's own info chatter is noise for users
-    logging.getLogger("paddle").setLevel(logging.WARNING)
+    """Plain message lines on stdout for the ``ppdlx`` loggers (warnings only on ranks > 0)."""
+    logger = logging.getLogger("ppdlx")
+    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    if not any(getattr(h, "_ppdlx", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._ppdlx = True
+        logger.addHandler(handler)
 
 
 class MetricLogger:

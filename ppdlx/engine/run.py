@@ -34,6 +34,8 @@ def _setup(cfg):
 
 
 def _classes_of(loader):
+    if getattr(loader, "classes", None) is not None:
+        return loader.classes
     return getattr(getattr(loader, "dataset", None), "classes", None)
 
 

@@ -1,0 +1,110 @@
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ppdlx.config import load_config
+from ppdlx.data.loader import build_classification_loader
+from ppdlx.data.samplers import EvalBatchSampler, TrainBatchSampler
+from ppdlx.errors import DataError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def cfg_for(root, *extra):
+    return load_config(None, [f"data.root={root}", "data.batch_size=8", "data.workers=0", "model.num_classes=4",
+                              "data.transforms.crop_size=32", "data.transforms.resize_short=32",
+                              "data.transforms.hflip=0.0", *extra])
+
+
+def test_train_and_val_batches_shapes_labels_and_normalisation(tiny_tree):
+    cfg = cfg_for(tiny_tree)
+    train = build_classification_loader(cfg, "train")
+    assert train.classes if hasattr(train, "classes") else train.dataset.classes == ["0", "1", "2", "3"]
+    images, labels = next(iter(train))
+    assert images.shape == [8, 3, 32, 32] and str(images.dtype) == "paddle.float32"
+    assert str(labels.dtype) == "paddle.int64" and set(labels.numpy().tolist()) <= {0, 1, 2, 3}
+    val = build_classification_loader(cfg, "val")
+    seen = sum(int(y.shape[0]) for _, y in val)
+    assert seen == val.num_images == 16
+    # ImageNet mean/std normalisation of 0..255 pixels lands within about [-2.2, 2.7]
+    assert float(images.min()) >= -2.2 and float(images.max()) <= 2.7
+
+
+def test_nhwc_layout(tiny_tree):
+    cfg = cfg_for(tiny_tree, "model.data_format=NHWC")
+    images, _ = next(iter(build_classification_loader(cfg, "val")))
+    assert images.shape[1:] == [32, 32, 3]
+
+
+def test_augmentation_is_a_function_of_seed_epoch_and_index(tiny_tree):
+    cfg = cfg_for(tiny_tree, "data.transforms.scale=[0.3, 1.0]")
+    a = build_classification_loader(cfg, "train")
+    b = build_classification_loader(load_config(None, [*_overrides(cfg), "data.workers=1"]), "train")
+    for loader in (a, b):
+        loader.set_epoch(3)
+    xa, ya = next(iter(a))
+    xb, yb = next(iter(b))
+    assert np.array_equal(ya.numpy(), yb.numpy()) and np.abs(xa.numpy() - xb.numpy()).max() == 0.0
+    a.set_epoch(4)
+    xc, _ = next(iter(a))
+    assert np.abs(xa.numpy() - xc.numpy()).max() > 0.1
+
+
+def _overrides(cfg):
+    return [f"data.root={cfg.data.root}", "data.batch_size=8", "model.num_classes=4",
+            "data.transforms.crop_size=32", "data.transforms.resize_short=32", "data.transforms.hflip=0.0",
+            "data.transforms.scale=[0.3, 1.0]"]
+
+
+def test_corrupt_jpeg_is_skipped_with_one_warning_naming_it(tiny_tree, tmp_path, caplog):
+    import shutil
+    root = tmp_path / "tree"
+    shutil.copytree(tiny_tree, root)
+    bad = root / "val" / "0" / "corrupt.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 this is not a jpeg")
+    cfg = cfg_for(str(root))
+    loader = build_classification_loader(cfg, "val")
+    with caplog.at_level(logging.WARNING, logger="ppdlx.data"):
+        seen = sum(int(y.shape[0]) for _, y in loader)
+        seen_again = sum(int(y.shape[0]) for _, y in loader)
+    assert loader.num_images == 17 and seen == 16 and seen_again == 16
+    warnings = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+    assert warnings == [f"skipping unreadable image {bad} (1 skipped so far)"]
+    assert loader.skipped_files == [str(bad)]
+
+
+def test_missing_or_empty_split_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match=r"split directory not found"):
+        build_classification_loader(cfg_for(str(tmp_path / "nope")), "train")
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    with pytest.raises(DataError, match="no class sub-directories"):
+        build_classification_loader(cfg_for(str(tmp_path / "empty")), "train")
+
+
+def test_cli_missing_data_dir_exits_nonzero_with_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train.py"), "-c",
+                           os.path.join(ROOT, "configs", "demo", "rn50_demo.yaml"), "-o",
+                           f"data.root={tmp_path}/missing", f"global.output_dir={tmp_path}/out"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2
+    err_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert err_lines == [f"error: {tmp_path}/missing/train: split directory not found (expected "
+                         f"<data.root>/<split>/<class>/*.jpg; set data.root, or run tools/prepare_demo_data.py "
+                         f"for the demo data)"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_train_sampler_shards_are_disjoint_and_even():
+    shards = [list(TrainBatchSampler(10, 2, rank=r, world_size=2, seed=1)) for r in range(2)]
+    flat = [sorted(sum(s, [])) for s in shards]
+    assert len(flat[0]) == len(flat[1]) == 4  # 5 per rank, full batches of 2 only
+    assert not set(flat[0]) & set(flat[1])
+
+
+def test_eval_sampler_counts_every_image_once_over_ranks():
+    got = sorted(i for r in range(3) for batch in EvalBatchSampler(11, 4, r, 3) for i in batch)
+    assert got == list(range(11))

@@ -1,0 +1,38 @@
+"""Benchmarks: ``python tools/benchmark.py {train,loader,infer} -c CFG ... [--report FILE]``.
+
+Prints a table and writes ``{"machine": {...}, "rows": [{"case", "images_per_s", ...}]}``.
+"""
+import argparse
+import importlib
+import sys
+
+from _cli import run, write_report
+
+
+def main():
+    from ppdlx.benchmarks import KINDS, format_table, machine_facts
+    parser = argparse.ArgumentParser(description=__doc__)
+    sub = parser.add_subparsers(dest="kind", required=True)
+    modules = {}
+    for kind, module_name in KINDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name != module_name:
+                raise
+            continue
+        modules[kind] = module
+        p = sub.add_parser(kind, help=(module.__doc__ or "").strip().splitlines()[0])
+        p.add_argument("--report", help="write the JSON report here")
+        module.add_arguments(p)
+    args = parser.parse_args()
+    result = modules[args.kind].run(args)
+    report = {"machine": machine_facts(), **result}
+    print(format_table(report["rows"]))
+    for line in report.get("notes", []):
+        print(line)
+    write_report(args.report, report)
+
+
+if __name__ == "__main__":
+    run(main)
