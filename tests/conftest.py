@@ -27,3 +27,13 @@ def make_digits_tree(out_dir, per_class=None, size=32, classes=10, seed=0):
 def tiny_tree(tmp_path_factory):
     """4 classes x 20 digits at 32 px: 64 train / 16 val images."""
     return make_digits_tree(tmp_path_factory.mktemp("tiny") / "digits", per_class=20, classes=4)
+
+
+@pytest.fixture
+def ppdlx_caplog(caplog):
+    """caplog that also sees the ``ppdlx`` loggers (they do not propagate to the root logger)."""
+    import logging
+    logger = logging.getLogger("ppdlx")
+    logger.addHandler(caplog.handler)
+    yield caplog
+    logger.removeHandler(caplog.handler)

@@ -17,6 +17,8 @@ def setup_logging(rank: int = 0) -> None:
         handler.setFormatter(logging.Formatter("%(message)s"))
         handler._ppdlx = True
         logger.addHandler(handler)
+    # paddle.distributed installs its own root handler; propagating would print every line twice
+    logger.propagate = False
 
 
 class MetricLogger:

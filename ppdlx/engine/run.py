@@ -64,6 +64,9 @@ def build_training(cfg, hooks=()):
     seed_everything(cfg.global_.seed + rank)
     criterion = build_loss(cfg, num_classes)
     objective = ClassificationObjective(criterion, cfg.train.mixup_alpha, cfg.global_.seed)
+    if cfg.distill.enabled:
+        from ppdlx.engine.distill import build_distillation_objective
+        objective = build_distillation_objective(cfg, criterion)
     global_batch = cfg.data.batch_size * world * cfg.train.accumulate
     steps = len(train_loader) // cfg.train.accumulate
     if cfg.train.steps_per_epoch:
@@ -104,6 +107,12 @@ def build_training(cfg, hooks=()):
 
 
 def train(cfg, hooks=()) -> dict:
+    if cfg.data.dataset == "coco":
+        from ppdlx.engine.detection import train as train_detection
+        return train_detection(cfg, hooks)
+    if cfg.train.graph == "static":
+        from ppdlx.engine.static_trainer import train as train_static
+        return train_static(cfg, hooks)
     trainer = build_training(cfg, hooks)
     metrics = trainer.fit()
     report = {k: v for k, v in metrics.items() if k in ("top1", "top5", "images", "seconds", "loss")}
@@ -112,6 +121,9 @@ def train(cfg, hooks=()) -> dict:
 
 
 def evaluate(cfg) -> dict:
+    if cfg.data.dataset == "coco":
+        from ppdlx.engine.detection import evaluate as evaluate_detection
+        return evaluate_detection(cfg)
     rank, world, device = _setup(cfg)
     if not cfg.model.weights:
         raise ConfigError("model.weights is not set: pass -o model.weights=<checkpoint prefix>")

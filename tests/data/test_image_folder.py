@@ -60,7 +60,8 @@ def _overrides(cfg):
             "data.transforms.scale=[0.3, 1.0]"]
 
 
-def test_corrupt_jpeg_is_skipped_with_one_warning_naming_it(tiny_tree, tmp_path, caplog):
+def test_corrupt_jpeg_is_skipped_with_one_warning_naming_it(tiny_tree, tmp_path, ppdlx_caplog):
+    caplog = ppdlx_caplog
     import shutil
     root = tmp_path / "tree"
     shutil.copytree(tiny_tree, root)

@@ -70,7 +70,8 @@ def test_kill_and_resume_gives_bit_identical_weights(tiny_tree, tmp_path):
     assert all("ips_global" in r and "ips_per_device" in r for r in records if r["kind"] == "train")
 
 
-def test_bf16_amp_on_cpu_trains_and_says_it_is_float32(tiny_tree, tmp_path, caplog):
+def test_bf16_amp_on_cpu_trains_and_says_it_is_float32(tiny_tree, tmp_path, ppdlx_caplog):
+    caplog = ppdlx_caplog
     cfg = load_config(None, tiny_overrides(tiny_tree, tmp_path, "amp.enabled=true", "amp.dtype=bfloat16",
                                            "train.epochs=4", "data.transforms.random=false",
                                            "lr.base_lr=0.05", "model.args.zero_init_last_bn=true"))
