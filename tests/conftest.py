@@ -37,3 +37,23 @@ def ppdlx_caplog(caplog):
     logger.addHandler(caplog.handler)
     yield caplog
     logger.removeHandler(caplog.handler)
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """Train the README demo once per session (dense ResNet50 on digits); tests reuse its checkpoint."""
+    import json
+    import subprocess
+    import sys
+    data_root = os.path.join(ROOT, "data", "demo", "digits")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "prepare_demo_data.py")], check=True, cwd=ROOT,
+                   capture_output=True)
+    out = tmp_path_factory.mktemp("demo_run")
+    config = os.path.join(ROOT, "configs", "demo", "rn50_demo.yaml")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train.py"), "-c", config, "--report",
+                           str(out / "report.json"), "-o", f"global.output_dir={out}/output",
+                           f"data.root={data_root}"], capture_output=True, text=True, cwd=ROOT, timeout=3000)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    return {"report": report, "output_dir": str(out / "output"), "config": config, "data_root": data_root,
+            "stdout": proc.stdout}
