@@ -30,6 +30,8 @@ def _setup(cfg):
     setup_logging(rank)
     device = resolve_device(cfg.global_.device)
     paddle.set_device(device)
+    if cfg.global_.cpu_threads:
+        paddle.base.core.set_num_threads(cfg.global_.cpu_threads)
     return rank, world, device
 
 

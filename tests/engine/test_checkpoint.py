@@ -1,0 +1,46 @@
+import os
+
+import numpy as np
+import paddle
+import pytest
+
+from ppdlx.engine import checkpoint as ckpt
+from ppdlx.errors import ConfigError
+from ppdlx.models import build_model
+
+
+def test_weights_shape_mismatch_names_the_parameter(tmp_path):
+    paddle.save(build_model("resnet18_bottleneck_tiny", num_classes=10).state_dict(), str(tmp_path / "w.pdparams"))
+    model = build_model("resnet18_bottleneck_tiny", num_classes=4)
+    with pytest.raises(ConfigError) as err:
+        ckpt.load_weights(model, str(tmp_path / "w"))
+    assert str(err.value) == (f"model.weights={tmp_path}/w: parameter 'fc.weight' has shape [512, 10] in the file "
+                              f"but [512, 4] in the model (different model.name/num_classes?)")
+
+
+def test_weights_load_exactly_and_missing_file_is_one_line(tmp_path):
+    src = build_model("resnet18_bottleneck_tiny", num_classes=4)
+    paddle.save(src.state_dict(), str(tmp_path / "w.pdparams"))
+    dst = build_model("resnet18_bottleneck_tiny", num_classes=4)
+    assert ckpt.load_weights(dst, str(tmp_path / "w.pdparams")) == []
+    a, b = src.state_dict(), dst.state_dict()
+    assert max(float(np.abs(a[k].numpy() - b[k].numpy()).max()) for k in a) == 0.0
+    with pytest.raises(ConfigError, match=r"model.weights=.*nope: .*nope.pdparams not found"):
+        ckpt.load_weights(dst, str(tmp_path / "nope"))
+
+
+def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path):
+    prefix = str(tmp_path / "latest")
+    ckpt.save_checkpoint(prefix, {"w": paddle.ones([2])}, {"m": paddle.zeros([2])}, {"epoch": 3, "rng": ckpt.capture_rng()})
+    assert sorted(os.listdir(tmp_path)) == ["latest.pdopt", "latest.pdparams", "latest.pdstates"]
+    model, opt, states = ckpt.load_checkpoint(prefix)
+    assert states["epoch"] == 3 and float(model["w"].sum()) == 2.0
+
+
+def test_resume_prefix_resolution(tmp_path):
+    assert ckpt.resolve_resume("auto", str(tmp_path)) is None
+    ckpt.save_checkpoint(str(tmp_path / "latest"), {}, None, {"epoch": 1})
+    assert ckpt.resolve_resume("auto", str(tmp_path)) == str(tmp_path / "latest")
+    assert ckpt.resolve_resume(str(tmp_path / "latest.pdparams"), str(tmp_path)) == str(tmp_path / "latest")
+    with pytest.raises(ConfigError, match="no complete checkpoint"):
+        ckpt.resolve_resume(str(tmp_path / "epoch_9"), str(tmp_path))
