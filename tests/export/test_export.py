@@ -1,0 +1,160 @@
+"""Export: Paddle Inference (CPU, oneDNN) and onnxruntime reproduce the dynamic model (max abs diff
+<= 1e-4 at two batch sizes) for ResNet50 and GPUNet, inference.yml carries what a predictor
+needs, both Paddle 3 program formats are detected from the files, and the CLI writes it all."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+
+from ppdlx.benchmarks.infer import load_deploy_module
+from ppdlx.config import load_config
+from ppdlx.engine.builders import build_model
+from ppdlx.errors import ConfigError, UnsupportedError
+from ppdlx.export import export_model, find_model_files, read_meta, save_classifier
+from ppdlx.export.paddle_export import ClassifierForExport, random_feeds, run_dynamic
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOL = 1e-4
+BATCHES = (1, 3)
+
+
+def small_cfg(name, **extra):
+    overrides = [f"model.name={name}", "model.num_classes=5", "data.transforms.crop_size=64",
+                 "data.transforms.resize_short=72", "data.root=/nonexistent", "global.seed=3"]
+    overrides += [f"{k}={v}" for k, v in extra.items()]
+    return load_config(None, overrides)
+
+
+def calibrated(cfg, steps=4):
+    """A model with BN statistics from data (as after training): logits of order 1-10 instead of
+    the 100s an untrained BN stack gives, so 1e-4 absolute is a fair fp32 bar."""
+    paddle.seed(cfg.global_cfg.seed)
+    model = build_model(cfg)
+    model.train()
+    shape = [8, 3, 64, 64] if cfg.model.data_format == "NCHW" else [8, 64, 64, 3]
+    rng = np.random.default_rng(0)
+    with paddle.no_grad():
+        for _ in range(steps):
+            model(paddle.to_tensor(rng.standard_normal(shape).astype("float32")))
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module")
+def rn50_export(tmp_path_factory):
+    cfg = small_cfg("resnet50")
+    model = calibrated(cfg, steps=3)
+    out = str(tmp_path_factory.mktemp("rn50"))
+    report = export_model(cfg, output_dir=out, model=model, onnx=True, labels=list("abcde"),
+                          check_batch_sizes=BATCHES, atol=TOL, rtol=0.0)
+    return cfg, model, report
+
+
+def test_resnet50_paddle_inference_and_onnx_match_dynamic(rn50_export):
+    cfg, model, report = rn50_export
+    checks = report["checks"]
+    for bs in BATCHES:  # measured by export_model: CPU oneDNN predictor and onnxruntime vs dynamic
+        assert checks[f"paddle_inference_bs{bs}_max_abs_diff"] <= TOL
+        assert checks[f"onnxruntime_bs{bs}_max_abs_diff"] <= TOL
+    # and through the deploy predictors (tuned executor, threads), on fresh inputs
+    D = load_deploy_module()
+    meta = D.load_meta(report["model_dir"])
+    paddle_pred = D.PaddlePredictor(report["model_dir"], "paddle-cpu", "fp32", threads=1, meta=meta)
+    onnx_pred = D.OnnxPredictor(report["model_dir"], threads=1, meta=meta)
+    layer = ClassifierForExport(model, "logits")
+    for bs in BATCHES[-1:]:
+        feeds = random_feeds(meta["inputs"], bs, seed=11)
+        (ref,) = run_dynamic(layer, meta["inputs"], feeds)
+        assert ref.shape == (bs, 5) and np.abs(ref).max() > 0.1  # real logits, not argmax
+        assert float(np.abs(paddle_pred.run(feeds)[0] - ref).max()) <= TOL
+        assert float(np.abs(onnx_pred.run(feeds)[0] - ref).max()) <= TOL
+
+
+def test_inference_yml_has_what_a_predictor_needs(rn50_export):
+    cfg, _, report = rn50_export
+    meta = read_meta(report["model_dir"])
+    m = meta["model"]
+    assert (m["family"], m["name"], m["num_classes"], m["data_format"]) == ("classification", "resnet50", 5, "NCHW")
+    assert m["format"] == "pir" and m["model_file"] == "inference.json" and m["onnx_file"] == "inference.onnx"
+    assert meta["inputs"] == [{"name": "image", "shape": [-1, 3, 64, 64], "dtype": "float32", "layout": "NCHW",
+                               "role": "image"}]
+    assert [o["role"] for o in meta["outputs"]] == ["logits"]
+    pre = meta["preprocess"]
+    assert (pre["type"], pre["resize_short"], pre["crop_size"], pre["interpolation"]) == \
+        ("resize_short_center_crop", 72, 64, "bilinear")
+    assert pre["mean"] == [123.675, 116.28, 103.53] and pre["std"] == [58.395, 57.12, 57.375]
+    assert meta["labels"] == list("abcde")
+    trt = meta["tensorrt"]
+    assert trt["workspace_size_bytes"] == 1 << 30 and trt["min_subgraph_size"] == 3
+    assert trt["shape_range"]["image"] == {"min": [1, 3, 64, 64], "opt": [32, 3, 64, 64], "max": [256, 3, 64, 64]}
+
+
+def test_gpunet_export_matches_dynamic(tmp_path):
+    cfg = small_cfg("gpunet_0")
+    model = calibrated(cfg)
+    report = export_model(cfg, output_dir=str(tmp_path), model=model, onnx=True, check_batch_sizes=BATCHES,
+                          atol=TOL, rtol=0.0)
+    assert report["inputs"][0]["shape"] == [-1, 3, 64, 64]
+    for bs in BATCHES:
+        assert report["checks"][f"paddle_inference_bs{bs}_max_abs_diff"] <= TOL
+        assert report["checks"][f"onnxruntime_bs{bs}_max_abs_diff"] <= TOL
+
+
+def test_nhwc_export_paddle_inference_and_onnx_refusal(tmp_path):
+    cfg = small_cfg("resnet18_bottleneck_tiny", **{"model.data_format": "NHWC"})
+    model = calibrated(cfg, steps=2)
+    report = export_model(cfg, output_dir=str(tmp_path), model=model, check_batch_sizes=BATCHES, atol=TOL, rtol=0.0)
+    assert report["inputs"][0]["shape"] == [-1, 64, 64, 3] and report["inputs"][0]["layout"] == "NHWC"
+    assert max(report["checks"].values()) <= TOL
+    with pytest.raises(UnsupportedError, match="NHWC"):  # paddle2onnx would abort the process
+        export_model(cfg, output_dir=str(tmp_path / "x"), model=model, onnx=True)
+
+
+class Tiny(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.num_classes, self.data_format = 4, "NCHW"
+        self.conv = paddle.nn.Conv2D(3, 4, 3, padding=1)
+        self.pool = paddle.nn.AdaptiveAvgPool2D(1)
+
+    def forward(self, x):
+        return self.pool(self.conv(x)).flatten(1) * 3.0
+
+
+def test_program_formats_are_detected_from_files(tmp_path):
+    paddle.seed(0)
+    model = Tiny()
+    model.eval()
+    legacy = save_classifier(model, str(tmp_path / "legacy"), 16, 16, fmt="program")
+    assert legacy.format == "program" and legacy.model_file.endswith("inference.pdmodel")
+    pir = save_classifier(model, str(tmp_path / "pir"), 16, 16, output="probabilities", fmt="pir")
+    assert pir.format == "pir" and pir.model_file.endswith("inference.json")
+    x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype("float32")
+    from ppdlx.export.paddle_export import PaddleInferenceRunner
+    logits = model(paddle.to_tensor(x)).numpy()
+    np.testing.assert_allclose(PaddleInferenceRunner(legacy).run({"image": x})[0], logits, atol=1e-5)
+    probs = PaddleInferenceRunner(pir).run({"image": x})[0]
+    np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-5)  # probabilities, not argmax
+    np.testing.assert_allclose(probs, paddle.nn.functional.softmax(paddle.to_tensor(logits)).numpy(), atol=1e-5)
+    # re-exporting in the other format replaces the old files (no stale second program)
+    again = save_classifier(model, str(tmp_path / "legacy"), 16, 16, fmt="pir")
+    assert again.format == "pir" and not os.path.exists(str(tmp_path / "legacy" / "inference.pdmodel"))
+    open(tmp_path / "legacy" / "inference.pdmodel", "wb").close()
+    with pytest.raises(ConfigError, match="both inference.json and inference.pdmodel"):
+        find_model_files(str(tmp_path / "legacy"))
+    with pytest.raises(ConfigError, match="no exported program"):
+        find_model_files(str(tmp_path))
+
+
+def test_export_cli_one_line_error_and_output_dir_default(tmp_path):
+    tool = os.path.join(ROOT, "tools", "export_model.py")
+    proc = subprocess.run([sys.executable, tool, "-c", "configs/demo/rn50_demo.yaml", "-o", "model.num_classes=3", "data.transforms.crop_size=32",
+                           "data.transforms.resize_short=32", f"global.output_dir={tmp_path}",
+                           "data.root=/nonexistent", "model.weights=/nonexistent/ckpt"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2
+    err = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "model.weights=/nonexistent/ckpt" in err[0] and "Traceback" not in proc.stderr
