@@ -1,0 +1,323 @@
+"""NVIDIA DALI classification pipelines (``data.backend: dali``), CPU and GPU.
+
+Same config keys as the paddle.io path (``data.transforms``), same sample order and
+sharding (the file order of every epoch comes from ``TrainBatchSampler`` /
+``EvalBatchSampler``, so switching backend changes decoding and augmentation only).
+
+* ``data.dali.device: cpu``: every operator on CPU (``device_id=None``); works on a
+  CPU-only Paddle build.  ``gpu``: ``mixed`` (nvJPEG) decoding and GPU resize/normalise;
+  on a Paddle build without CUDA it fails with one line (``UnsupportedError``).
+  Worker threads: ``data.dali.num_threads`` (``data.workers`` is paddle.io's).
+* Reading: ``fn.readers.file(files=..., labels=...)`` gets this rank's file list for
+  the epoch, already shuffled and sharded (``random_shuffle=False``, one shard); labels
+  are the indices of the sorted class folders (``scan_image_folder``, as ImageFolder).
+  The pipeline is rebuilt when the order changes (each training epoch; seeded from
+  ``(global.seed, rank, epoch)``, so a resumed run sees the same order and crops).
+* Train: ``decoders.image_random_crop`` (area ``scale``, aspect ``ratio``; fused ROI
+  decode) -> resize to ``crop_size`` -> ``crop_mirror_normalize`` (coin-flip mirror with
+  probability ``hflip``).  ``transforms.random: false`` uses the eval transform and order.
+* Val: decode the centre square that resize-shorter-to-``resize_short`` + centre-crop
+  ``crop_size`` would keep (``decoders.image_crop``), resize it to ``crop_size``,
+  normalise.  The reader pads the last batch (``pad_last_batch=True``) and the loader
+  trims the padding off, so every val image is counted exactly once across ranks.
+* Iterator: GPU builds use ``nvidia.dali.plugin.paddle.DALIGenericIterator``.  CPU
+  outputs are handed to paddle zero-copy through DLPack
+  (``paddle.utils.dlpack.from_dlpack(TensorListCPU.as_tensor())``): with DALI's dynamic
+  executor every iteration's outputs are fresh buffers owned by the DLPack capsule, so
+  the paddle tensor stays valid after the pipeline runs on.
+* Corrupt / unreadable files: DALI stops the pipeline with an error that does not name
+  the file.  The loader then decodes the batches that were in flight one file at a time
+  (a synchronous CPU pipeline) to find the culprit(s) and, with
+  ``data.dali.corrupt_files: skip`` (default, as the paddle.io path), logs one warning
+  per file, leaves it out for the rest of the run and rebuilds the pipeline from the
+  same position (training batches stay full and ``len(loader)`` stays exact, so ranks
+  stay in step).  With ``error`` it raises ``DataError`` naming the file.  If no single
+  file fails on its own, ``DataError`` carries DALI's message.  Nothing hangs.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import nvidia.dali as dali
+import nvidia.dali.fn as fn
+import nvidia.dali.math as dmath
+import nvidia.dali.types as types
+import paddle
+
+from ppdlx.data.image_folder import scan_image_folder
+from ppdlx.data.samplers import EvalBatchSampler, TrainBatchSampler
+from ppdlx.errors import ConfigError, DataError, UnsupportedError
+
+log = logging.getLogger("ppdlx.data")
+
+_INTERP = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
+_DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16}
+
+
+def _gpu_device_id() -> int:
+    return int(os.environ.get("FLAGS_selected_gpus", "0").split(",")[0])
+
+
+def check_device(device: str) -> None:
+    if device == "gpu" and not (paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0):
+        raise UnsupportedError(
+            f"data.dali.device=gpu: this Paddle build has no CUDA device (paddle.is_compiled_with_cuda() is "
+            f"{paddle.is_compiled_with_cuda()}), so DALI's GPU outputs cannot reach paddle; "
+            f"set data.dali.device=cpu")
+
+
+def _graph(files, labels, t, dali_cfg, data_format, training_random: bool):
+    """The DALI graph (traced inside a ``pipeline_def``)."""
+    gpu = dali_cfg.device == "gpu"
+    decode_dev, op_dev = ("mixed", "gpu") if gpu else ("cpu", "cpu")
+    dec_kw = dict(device_memory_padding=211025920, host_memory_padding=140544512) if gpu else {}
+    jpegs, label = fn.readers.file(files=files, labels=labels, random_shuffle=False, pad_last_batch=True,
+                                   name="Reader")
+    crop, interp = t.crop_size, _INTERP[t.interpolation]
+    mirror = 0
+    if training_random:
+        images = fn.decoders.image_random_crop(jpegs, device=decode_dev, output_type=types.RGB,
+                                               random_area=list(t.scale), random_aspect_ratio=list(t.ratio),
+                                               num_attempts=10, **dec_kw)
+        images = fn.resize(images, device=op_dev, resize_x=crop, resize_y=crop, interp_type=interp)
+        if t.hflip > 0:
+            mirror = fn.random.coin_flip(probability=t.hflip)
+    elif crop <= t.resize_short:
+        # resize-shorter(S) + centre-crop(C) == centre square of side short*C/S, resized to C.
+        shape = fn.peek_image_shape(jpegs, dtype=types.FLOAT)
+        side = dmath.min(shape[0], shape[1]) * (crop / float(t.resize_short))
+        images = fn.decoders.image_crop(jpegs, device=decode_dev, output_type=types.RGB, crop_w=side,
+                                        crop_h=side, **dec_kw)
+        images = fn.resize(images, device=op_dev, resize_x=crop, resize_y=crop, interp_type=interp)
+    else:
+        images = fn.decoders.image(jpegs, device=decode_dev, output_type=types.RGB, **dec_kw)
+        images = fn.resize(images, device=op_dev, resize_shorter=t.resize_short, interp_type=interp)
+    images = fn.crop_mirror_normalize(
+        images, device=op_dev, dtype=_DTYPE[dali_cfg.output_dtype],
+        output_layout="CHW" if data_format == "NCHW" else "HWC", crop=(crop, crop), mean=list(t.mean),
+        std=list(t.std), mirror=mirror, pad_output=dali_cfg.pad_output, out_of_bounds_policy="pad")
+    label = fn.cast(label, dtype=types.INT64)
+    if gpu:
+        label = label.gpu()
+    return images, label
+
+
+def _run_pipeline_def(graph_fn, **pipe_kwargs):
+    return dali.pipeline_def(graph_fn)(**pipe_kwargs)
+
+
+def find_undecodable(paths):
+    """``[(path, reason)]`` of the files a CPU DALI decoder rejects, tried one at a time."""
+    bad, start = [], 0
+
+    def graph(files):
+        jpegs, _ = fn.readers.file(files=files, random_shuffle=False, name="Reader")
+        return fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+
+    while start < len(paths):
+        rest = list(paths[start:])
+        try:
+            pipe = _run_pipeline_def(graph, files=rest, batch_size=1, num_threads=1, device_id=None,
+                                     prefetch_queue_depth=1, exec_pipelined=False, exec_async=False)
+            pipe.build()
+        except RuntimeError as err:  # e.g. a file vanished: the reader checks at build time
+            missing = [p for p in rest if not os.path.isfile(p)]
+            if not missing:
+                raise DataError(f"DALI could not open {rest[0]}...: {_first_line(err)}") from None
+            bad += [(p, "file not found") for p in missing]
+            paths = [p for p in rest if p not in missing]
+            start = 0
+            continue
+        done = 0
+        try:
+            for _ in range(len(rest)):
+                pipe.run()
+                done += 1
+        except RuntimeError as err:
+            bad.append((rest[done], _first_line(err, "DALI cannot decode it")))
+        del pipe
+        start += done + 1
+    return bad
+
+
+def to_paddle(tensor_list) -> paddle.Tensor:
+    """A dense DALI ``TensorListCPU`` as a paddle CPU tensor, zero-copy through DLPack.
+
+    ``as_tensor()`` views the batch as one ``TensorCPU`` (no copy for a dense batch);
+    ``from_dlpack`` wraps its buffer. The capsule's deleter holds DALI's buffer, and the
+    dynamic executor (``exec_dynamic=True``) never reuses an output buffer it handed out,
+    so the tensor stays valid while the pipeline runs on.
+    """
+    return paddle.utils.dlpack.from_dlpack(tensor_list.as_tensor())
+
+
+def _first_line(err, default=""):
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    useful = [ln for ln in lines if "failure" in ln.lower() or "error:" in ln.lower() or "invalid" in ln.lower()]
+    return (useful or lines or [default])[0][:200]
+
+
+class DaliLoader:
+    """``(images, labels)`` paddle tensors from a DALI pipeline, one epoch per ``iter()``.
+
+    Same interface as ``ImageFolderLoader``: ``len()`` (batches of this rank),
+    ``set_epoch``, ``num_images`` (images in the split), ``classes``, ``skipped_files``.
+    """
+
+    def __init__(self, cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, classes=None):
+        data = cfg.data
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.dali_cfg, self.transforms = data.dali, data.transforms
+        self.data_format = cfg.model.data_format
+        self.batch_size = batch_size or data.batch_size
+        self.training = split == "train"
+        self.split_dir = os.path.join(data.root, data.train_split if self.training else data.val_split)
+        check_device(self.dali_cfg.device)
+        if self.training and self.transforms.random:
+            for key in ("randaugment", "random_erasing"):  # paddle.io-only extras (ppdlx.data.augment)
+                if getattr(self.transforms, key, None):
+                    raise UnsupportedError(f"data.transforms.{key}={getattr(self.transforms, key)!r} is applied by the "
+                                           f"paddle.io path only; set data.backend=paddle or turn it off")
+        found, samples = scan_image_folder(self.split_dir)
+        if classes is not None and list(classes) != found:
+            raise DataError(f"{self.split_dir}: class folders {found[:5]}... differ from the training split's")
+        self.classes = found
+        self.files = [path for path, _ in samples]
+        self.labels = [label for _, label in samples]
+        self.seed = cfg.global_.seed
+        if self.training:
+            self.sampler = TrainBatchSampler(len(samples), self.batch_size, rank, world_size, seed=self.seed,
+                                             shuffle=self.transforms.random)
+            if len(self.sampler) == 0:
+                raise ConfigError(f"data.batch_size={self.batch_size}: larger than the {len(samples)} training "
+                                  f"images per rank ({self.split_dir}); lower data.batch_size")
+        else:
+            self.sampler = EvalBatchSampler(len(samples), self.batch_size, rank, world_size)
+        self.epoch = 0
+        self.skipped_files: list = []
+        self._bad: set = set()
+        self._pipe = None          # (pipeline or iterator, order it reads) when it is at the start of `order`
+        self._to_gpu = paddle.get_device().startswith("gpu") and self.dali_cfg.device == "cpu"
+
+    # ------------------------------------------------------------ interface
+    @property
+    def num_images(self) -> int:
+        return len(self.files)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    # --------------------------------------------------------------- order
+    def _order(self) -> list:
+        self.sampler.set_epoch(self.epoch)
+        return self._top_up([i for batch in self.sampler for i in batch if i not in self._bad])
+
+    def _top_up(self, order: list) -> list:
+        """Training keeps ``len(self)`` full batches after skipping files (ranks stay in step):
+        the shortfall is filled with this epoch's readable files from the start."""
+        if not self.training:
+            return order
+        need = len(self) * self.batch_size
+        pool = [i for i in order if i not in self._bad]
+        if not pool:
+            raise DataError(f"{self.split_dir}: every image of this rank's share is unreadable")
+        out = list(order)
+        while len(out) < need:
+            out += pool[: need - len(out)]
+        return out[:need]
+
+    # ------------------------------------------------------------ pipeline
+    def _build(self, order: list, position: int):
+        c = self.dali_cfg
+        gpu = c.device == "gpu"
+        seed = (self.seed * 1_000_003 + self.rank * 7_919 + self.epoch * 104_729 + position) % (2 ** 31 - 1)
+        random = self.training and self.transforms.random
+
+        def graph():
+            return _graph([self.files[i] for i in order], [self.labels[i] for i in order], self.transforms, c,
+                          self.data_format, random)
+
+        pipe = _run_pipeline_def(graph, batch_size=self.batch_size, num_threads=c.num_threads,
+                                 device_id=_gpu_device_id() if gpu else None, seed=seed,
+                                 prefetch_queue_depth=c.prefetch_queue_depth, exec_dynamic=True)
+        if gpu:
+            from nvidia.dali.plugin.paddle import DALIGenericIterator
+            # size=-1, no reader_name: an endless stream; this class cuts it into epochs.
+            return DALIGenericIterator([pipe], ["data", "label"], size=-1, auto_reset=False,
+                                       prepare_first_batch=False)
+        pipe.build()
+        return pipe
+
+    def _next(self, source):
+        if self.dali_cfg.device == "gpu":
+            batch = next(source)[0]
+            return batch["data"], batch["label"].reshape([-1])
+        images, labels = source.run()
+        images, labels = to_paddle(images), to_paddle(labels).reshape([-1])
+        if self._to_gpu:
+            images, labels = images.cuda(), labels.cuda()
+        return images, labels
+
+    # ------------------------------------------------------------ iterate
+    def __iter__(self):
+        order = self._order()
+        bs = self.batch_size
+        batches = len(self) if self.training else math.ceil(len(order) / bs)
+        source, built_at = None, 0
+        if self._pipe is not None and self._pipe[1] == order:
+            source = self._pipe[0]  # aligned at the start of the same order (val, or a fixed train order)
+        self._pipe = None
+        position, done = 0, 0
+        while done < batches and position < len(order):
+            if source is None:
+                source = self._build(order[position:], position)
+                built_at = position
+            try:
+                images, labels = self._next(source)
+            except (RuntimeError, StopIteration) as err:
+                source = None
+                order = self._skip_unreadable(order, position, err)
+                if not self.training:
+                    batches = math.ceil(len(order) / bs)
+                continue
+            count = min(bs, len(order) - position)
+            if count < bs:  # padded last val batch: drop the reader's repeats
+                images, labels = images[:count], labels[:count]
+            position += count
+            done += 1
+            yield images, labels
+        # The reader pads its last batch, so after a whole pass it is back at the start.
+        if source is not None and position == len(order) and built_at == 0:
+            self._pipe = (source, order)
+
+    def _skip_unreadable(self, order, position, err):
+        window = self.batch_size * (self.dali_cfg.prefetch_queue_depth + 2)
+        candidates = order[position: position + window]
+        bad = find_undecodable([self.files[i] for i in candidates])
+        where = (f"{self.split_dir}: DALI pipeline failed at batch {position // self.batch_size + 1} of epoch "
+                 f"{self.epoch + 1}")
+        if not bad:
+            raise DataError(f"{where} and no single file of the batches in flight fails on its own: "
+                            f"{_first_line(err, type(err).__name__)}") from None
+        if self.dali_cfg.corrupt_files == "error":
+            path, reason = bad[0]
+            raise DataError(f"{path}: DALI cannot decode this image ({reason}); delete or replace it, or set "
+                            f"data.dali.corrupt_files=skip to leave such files out") from None
+        index_of = {self.files[i]: i for i in candidates}
+        for path, reason in bad:
+            self._bad.add(index_of[path])
+            if path not in self.skipped_files:
+                self.skipped_files.append(path)
+                log.warning("skipping unreadable image %s (%s; %d skipped so far)", path, reason,
+                            len(self.skipped_files))
+        return self._top_up(order[:position] + [i for i in order[position:] if i not in self._bad])
+
+
+def build_dali_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, classes=None):
+    """A ``DaliLoader`` for ``split`` ("train" or "val") of ``cfg.data``."""
+    return DaliLoader(cfg, split, rank, world_size, batch_size=batch_size, classes=classes)

@@ -1,0 +1,234 @@
+"""DALI CPU pipelines (``ppdlx/data/dali.py``) on a small JPEG tree written here.
+
+Every image is a solid colour: red encodes the class (sorted folder index), green a
+unique image id, so labels, shards and val counts are checked from the pixels the
+pipelines actually produce.
+"""
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("nvidia.dali")
+
+import paddle  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from ppdlx.config import load_config  # noqa: E402
+from ppdlx.data import dali as dali_backend  # noqa: E402
+from ppdlx.data.loader import build_classification_loader  # noqa: E402
+from ppdlx.errors import DataError, UnsupportedError  # noqa: E402
+
+# Created in this order; sorted order (the labels) is apple, mango, zebra.
+CLASS_DIRS = ["zebra", "apple", "mango"]
+SORTED = sorted(CLASS_DIRS)
+RED = {name: 40 + 80 * SORTED.index(name) for name in CLASS_DIRS}  # label 0,1,2 -> 40,120,200
+SIZES = [(48, 40), (40, 56), (64, 48)]
+
+
+def _write_tree(root, counts, corrupt=()):
+    """``root/<split>/<class>/<id>.jpg``; returns {split: {id: label}}."""
+    truth = {}
+    for split, n in counts.items():
+        truth[split] = {}
+        for i in range(n):
+            name = CLASS_DIRS[i % 3]
+            folder = os.path.join(root, split, name)
+            os.makedirs(folder, exist_ok=True)
+            Image.new("RGB", SIZES[i % 3], (RED[name], 8 + 8 * i, 128)).save(
+                os.path.join(folder, f"{i:03d}.jpg"), quality=95)
+            truth[split][i] = SORTED.index(name)
+    for split, folder_name, fname in corrupt:
+        with open(os.path.join(root, split, folder_name, fname), "wb") as f:
+            f.write(b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + b"\x13\x37garbage" * 40)
+    return truth
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("jpegs"))
+    return root, _write_tree(root, {"train": 24, "val": 23})
+
+
+def _cfg(root, *extra):
+    return load_config(None, [f"data.root={root}", "data.backend=dali", "data.dali.device=cpu", "data.batch_size=4",
+                              "data.dali.num_threads=2", "data.transforms.crop_size=32",
+                              "data.transforms.resize_short=36", "data.transforms.mean=[127.5,127.5,127.5]",
+                              "data.transforms.std=[127.5,127.5,127.5]", "model.num_classes=3", *extra])
+
+
+def _decode_ids(images, labels, layout="NCHW"):
+    """(ids, labels) from solid-colour outputs; asserts red matches the label."""
+    x = images.astype("float32").numpy()
+    mean = x[:, :3].mean(axis=(2, 3)) if layout == "NCHW" else x[..., :3].mean(axis=(1, 2))
+    rgb = mean * 127.5 + 127.5
+    y = labels.numpy()
+    expected_red = 40 + 80 * y
+    assert np.all(np.abs(rgb[:, 0] - expected_red) < 6), (rgb[:, 0], y)
+    return [int(round((g - 8) / 8)) for g in rgb[:, 1]], y.tolist()
+
+
+def _epoch(loader, epoch=0):
+    loader.set_epoch(epoch)
+    ids, labels, sizes = [], [], []
+    for images, lab in loader:
+        i, l = _decode_ids(images, lab)
+        ids += i
+        labels += l
+        sizes.append(int(lab.shape[0]))
+    return ids, labels, sizes
+
+
+def test_train_shapes_dtypes_range_and_labels(tree):
+    root, truth = tree
+    loader = build_classification_loader(_cfg(root), "train")
+    assert loader.classes == SORTED and loader.num_images == 24 and len(loader) == 6
+    images, labels = next(iter(loader))
+    assert images.shape == [4, 3, 32, 32] and images.dtype == paddle.float32 and images.place.is_cpu_place()
+    assert labels.shape == [4] and labels.dtype == paddle.int64
+    x = images.numpy()
+    assert x.min() >= -1.0 - 1e-6 and x.max() <= 1.0 + 1e-6 and x.std() > 0.1
+    ids, labels, sizes = _epoch(loader)
+    assert sizes == [4] * 6 and sorted(ids) == list(range(24))  # one epoch = every image once, shuffled
+    assert ids != list(range(24))
+    assert all(truth["train"][i] == label for i, label in zip(ids, labels))
+    ids_next, _, _ = _epoch(loader, epoch=1)
+    assert sorted(ids_next) == list(range(24)) and ids_next != ids  # reshuffled per epoch
+
+
+def test_nhwc_float16_pad_output(tree):
+    root, _ = tree
+    cfg = _cfg(root, "model.data_format=NHWC", "data.dali.output_dtype=float16", "data.dali.pad_output=true")
+    images, labels = next(iter(build_classification_loader(cfg, "train")))
+    assert images.shape == [4, 32, 32, 4] and images.dtype == paddle.float16
+    x = images.astype("float32").numpy()
+    assert np.all(x[..., 3] == 0.0) and np.abs(x[..., :3]).max() <= 1.0 + 1e-2
+    _decode_ids(images, labels, layout="NHWC")
+
+
+def test_train_shards_are_disjoint(tree):
+    root, _ = tree
+    per_rank = []
+    for rank in (0, 1):
+        loader = dali_backend.build_dali_loader(_cfg(root), "train", rank, 2)
+        assert len(loader) == 3
+        ids, _, sizes = _epoch(loader)
+        assert sizes == [4, 4, 4]
+        per_rank.append(ids)
+    assert not set(per_rank[0]) & set(per_rank[1])
+    assert sorted(per_rank[0] + per_rank[1]) == list(range(24))
+
+
+def test_val_counts_every_image_once_across_ranks(tree):
+    root, truth = tree
+    seen = []
+    for rank, expected_sizes in ((0, [4, 4, 4]), (1, [4, 4, 3])):
+        loader = dali_backend.build_dali_loader(_cfg(root), "val", rank, 2)
+        assert len(loader) == 3
+        first = _epoch(loader, 0)
+        assert first[2] == expected_sizes
+        assert _epoch(loader, 1) == first  # the reused pipeline restarts aligned, same images
+        seen += first[0]
+        assert all(truth["val"][i] == label for i, label in zip(first[0], first[1]))
+    assert len(seen) == 23 and sorted(seen) == list(range(23))
+
+
+def test_val_matches_paddle_io_geometry(tmp_path):
+    """Fused ROI decode + resize == resize-shorter + centre-crop of the paddle.io path."""
+    root = str(tmp_path)
+    yy, xx = np.mgrid[0:48, 0:80]
+    arr = np.stack([xx * 3, yy * 5, (xx + yy) * 2], axis=-1).clip(0, 255).astype(np.uint8)
+    for split in ("train", "val"):
+        os.makedirs(os.path.join(root, split, "a"))
+        Image.fromarray(arr).save(os.path.join(root, split, "a", "g.jpg"), quality=98)
+    cfg = _cfg(root, "data.batch_size=1", "model.num_classes=1")
+    dali_x = next(iter(build_classification_loader(cfg, "val")))[0].numpy()
+    cfg.data.backend = "paddle"
+    cfg.data.workers = 0
+    paddle_x = next(iter(build_classification_loader(cfg, "val")))[0].numpy()
+    assert dali_x.shape == paddle_x.shape == (1, 3, 32, 32)
+    assert np.abs(dali_x - paddle_x).mean() < 0.03 and np.abs(dali_x - paddle_x).max() < 0.2
+
+
+def test_cpu_outputs_reach_paddle_zero_copy(tree):
+    root, _ = tree
+    import nvidia.dali.fn as fn
+
+    def graph():
+        jpegs, _ = fn.readers.file(file_root=os.path.join(root, "train"), name="Reader")
+        return fn.crop(fn.decoders.image(jpegs), crop=(16, 16))
+
+    pipe = dali_backend._run_pipeline_def(graph, batch_size=4, num_threads=1, device_id=None, exec_dynamic=True)
+    pipe.build()
+    held = []
+    for _ in range(5):
+        (out,) = pipe.run()
+        x = dali_backend.to_paddle(out)
+        assert x.data_ptr() == out.as_tensor().data_ptr()  # same buffer: no copy
+        held.append((x, x.numpy().copy()))
+    # Buffers handed out are not recycled while paddle holds them.
+    assert all(np.array_equal(x.numpy(), copy) for x, copy in held)
+
+
+def test_file_root_labels_are_sorted_folder_indices(tree):
+    """DALI's own file_root labelling agrees with ImageFolder's (we pass explicit lists anyway)."""
+    root, truth = tree
+    import nvidia.dali.fn as fn
+
+    def graph():
+        jpegs, labels = fn.readers.file(file_root=os.path.join(root, "val"), name="Reader")
+        return fn.decoders.image(jpegs), labels
+
+    pipe = dali_backend._run_pipeline_def(graph, batch_size=23, num_threads=1, device_id=None)
+    pipe.build()
+    images, labels = pipe.run()
+    for k in range(23):
+        red = np.asarray(images[k])[..., 0].mean()
+        assert abs(red - (40 + 80 * int(np.asarray(labels[k])[0]))) < 6
+
+
+def test_corrupt_file_is_skipped_once_by_name(tmp_path, caplog):
+    root = str(tmp_path)
+    _write_tree(root, {"train": 23, "val": 11}, corrupt=[("train", "apple", "bad.jpg"), ("val", "mango", "bad.jpg")])
+    val = build_classification_loader(_cfg(root), "val")
+    with caplog.at_level("WARNING", logger="ppdlx.data"):
+        ids, _, _ = _epoch(val)
+        assert sorted(ids) == list(range(11))  # the 11 good images, each once
+        assert sorted(_epoch(val, 1)[0]) == list(range(11))
+    bad_val = os.path.join(root, "val", "mango", "bad.jpg")
+    assert val.skipped_files == [bad_val]
+    assert sum(bad_val in r.getMessage() for r in caplog.records) == 1
+    train = build_classification_loader(_cfg(root), "train")
+    assert len(train) == 6  # 24 files // 4, all of them read in epoch 0
+    ids, _, sizes = _epoch(train)
+    # Still 6 full batches (ranks stay in step): the 23 good images and one repeat in place of the bad one.
+    assert sizes == [4] * 6 and set(ids) == set(range(23)) and len(ids) == 24
+    assert train.skipped_files == [os.path.join(root, "train", "apple", "bad.jpg")]
+
+
+def test_corrupt_file_error_mode_names_the_file(tmp_path):
+    root = str(tmp_path)
+    _write_tree(root, {"train": 8, "val": 6}, corrupt=[("val", "zebra", "broken.jpg")])
+    val = build_classification_loader(_cfg(root, "data.dali.corrupt_files=error"), "val")
+    with pytest.raises(DataError) as info:
+        _epoch(val)
+    message = str(info.value)
+    assert os.path.join(root, "val", "zebra", "broken.jpg") in message and "\n" not in message
+
+
+@pytest.mark.skipif(paddle.is_compiled_with_cuda(), reason="needs a CPU-only Paddle build")
+def test_gpu_device_on_cpu_build_is_one_line(tree):
+    root, _ = tree
+    with pytest.raises(UnsupportedError) as info:
+        build_classification_loader(_cfg(root, "data.dali.device=gpu"), "train")
+    message = str(info.value)
+    assert "data.dali.device=gpu" in message and "data.dali.device=cpu" in message and "\n" not in message
+
+
+def test_paddle_only_augmentations_are_refused(tree):
+    from ppdlx.config.schema import TransformsConfig
+    if "random_erasing" not in TransformsConfig.model_fields:
+        pytest.skip("no data.transforms.random_erasing in this schema")
+    root, _ = tree
+    with pytest.raises(UnsupportedError, match="data.transforms.random_erasing"):
+        build_classification_loader(_cfg(root, "data.transforms.random_erasing=0.25"), "train")
