@@ -109,6 +109,9 @@ def build_training(cfg, hooks=()):
 
 
 def train(cfg, hooks=()) -> dict:
+    if cfg.asp.enabled:
+        from ppdlx.sparsity import ensure_asp_hook
+        hooks = ensure_asp_hook(cfg, list(hooks))
     if cfg.data.dataset == "coco":
         from ppdlx.engine.detection import train as train_detection
         return train_detection(cfg, hooks)
