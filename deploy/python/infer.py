@@ -280,8 +280,10 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
                                        "PIR (.json) models; export with --format program (fp32 only)")
             calls.append(_call("enable_openvino_engine", inference_precision="Float32"))
         engine = "OpenVINO (Paddle Inference engine)" if cpu_engine == "openvino" else "oneDNN"
-        notes.append(f"{engine}, {threads} thread(s), IR optimisation on, {files['format']} program"
-                     + (" via the classic executor" if files["format"] == "program" and tuned_cpu else ""))
+        kind = "PIR program (.json)" if files["format"] == "pir" else "legacy program (.pdmodel)"
+        notes.append(f"{engine}, {threads} thread(s), IR optimisation on, {kind}"
+                     + (", classic passes + executor (enable_new_ir(False))"
+                        if files["format"] == "program" and tuned_cpu else ""))
         if tuned_cpu and files["format"] == "pir":
             notes.append("executor: serial run (no op-scheduling thread pool)")
     elif backend in ("paddle-gpu", "trt"):

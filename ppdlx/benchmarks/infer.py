@@ -46,6 +46,8 @@ def add_arguments(parser):
                         help="Paddle program format to export (ONNX is converted from the same export); "
                              "program (.pdmodel) runs on the classic executor and allows the OpenVINO engine")
     parser.add_argument("--reexport", action="store_true", help="export even if a matching export exists")
+    parser.add_argument("--openvino", action="store_true",
+                        help="add Paddle Inference's OpenVINO engine case (needs --format program)")
     parser.add_argument("--untuned", action="store_true",
                         help="add the untuned Paddle predictor (default executor) to show what tuning buys")
 
@@ -84,7 +86,7 @@ def run(args) -> dict:
     predictors = {"ppdlx paddle-cpu fp32": D.PaddlePredictor(model_dir, "paddle-cpu", "fp32", threads=threads,
                                                              meta=meta),
                   "onnxruntime fp32": D.OnnxPredictor(model_dir, threads=threads, meta=meta)}
-    if meta["model"]["format"] == "program":
+    if args.openvino:
         predictors["ppdlx paddle-cpu fp32 openvino"] = D.PaddlePredictor(
             model_dir, "paddle-cpu", "fp32", threads=threads, meta=meta, cpu_engine="openvino")
     if args.untuned:
