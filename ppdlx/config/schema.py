@@ -6,9 +6,10 @@ the key path, the bad value and a "did you mean".
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Literal, Optional, Tuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -44,6 +45,27 @@ class TransformsConfig(Section):
     interpolation: Literal["bilinear", "bicubic"] = "bilinear"
     # Off for tests that need identical batches across graph modes.
     random: bool = True
+    # timm-style training extras (ppdlx.data.augment; paddle.io path): RandAugment policy, e.g.
+    # "rand-m9-mstd0.5" (null = off); random erasing probability on the normalised image and its fill
+    randaugment: Optional[str] = None
+    random_erasing: float = Field(0.0, ge=0.0, le=1.0)
+    random_erasing_mode: Literal["pixel", "rand", "const"] = "pixel"
+    # timm crop_pct: when set, resize_short = floor(crop_size / crop_pct) (resize_short is derived)
+    crop_pct: Optional[float] = Field(None, gt=0.0, le=1.0)
+
+    @field_validator("randaugment")
+    @classmethod
+    def _check_randaugment(cls, value):
+        if value:
+            from ppdlx.data.augment import parse_rand_augment
+            parse_rand_augment(value)  # ConfigError naming the key and the accepted sections
+        return value
+
+    @model_validator(mode="after")
+    def _resize_from_crop_pct(self):
+        if self.crop_pct is not None:
+            self.__dict__["resize_short"] = int(math.floor(self.crop_size / self.crop_pct + 1e-6))
+        return self
 
 
 class DaliConfig(Section):

@@ -12,6 +12,8 @@ import math
 import numpy as np
 from PIL import Image
 
+from ppdlx.data.augment import build_rand_augment, random_erasing
+
 _INTERP = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
 
@@ -59,10 +61,15 @@ def normalize(img: Image.Image, mean, std, data_format: str) -> np.ndarray:
 
 
 class TrainTransform:
-    """Random-resized-crop -> horizontal flip -> normalise (the RN50 recipe)."""
+    """Random-resized-crop -> horizontal flip -> normalise (the RN50 recipe).
+
+    Optional (``ppdlx.data.augment``, timm order): RandAugment after the flip, random erasing
+    on the normalised array.
+    """
 
     def __init__(self, cfg, data_format="NCHW"):
         self.cfg, self.data_format = cfg, data_format
+        self.randaugment = build_rand_augment(cfg)
 
     def __call__(self, img: Image.Image, rng: np.random.Generator) -> np.ndarray:
         c = self.cfg
@@ -72,9 +79,14 @@ class TrainTransform:
                              box=(left, top, left + w, top + h))
             if rng.random() < c.hflip:
                 img = img.transpose(Image.FLIP_LEFT_RIGHT)
+            if self.randaugment is not None:
+                img = self.randaugment(img, rng)
         else:
             img = center_crop(resize_shorter(img, c.resize_short, c.interpolation), c.crop_size)
-        return normalize(img, c.mean, c.std, self.data_format)
+        arr = normalize(img, c.mean, c.std, self.data_format)
+        if c.random and c.random_erasing > 0:
+            arr = random_erasing(arr, rng, c.random_erasing, c.random_erasing_mode, self.data_format)
+        return arr
 
 
 class EvalTransform:

@@ -51,7 +51,11 @@ def build_training(cfg, hooks=()):
         log.info(amp_plan.note)
     # Same initial weights on every rank; per-rank streams for dropout/drop-path afterwards.
     seed_everything(cfg.global_.seed)
-    train_loader = build_classification_loader(cfg, "train", rank, world)
+    train_cfg = cfg
+    if cfg.distill.enabled:  # training batches at the teacher's resolution (ppdlx.engine.distill)
+        from ppdlx.engine.distill import teacher_data_config
+        train_cfg = teacher_data_config(cfg)
+    train_loader = build_classification_loader(train_cfg, "train", rank, world)
     classes = _classes_of(train_loader)
     num_classes = cfg.model.num_classes
     if classes is not None and len(classes) != num_classes:

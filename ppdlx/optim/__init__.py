@@ -30,8 +30,12 @@ def cosine(peak_lr, total_steps, warmup_steps, cfg):
 
 @LR_SCHEDULES.register("step")
 def step_decay(peak_lr, total_steps, warmup_steps, cfg, steps_per_epoch=1):
-    every = max(1, int(round(cfg.lr.decay_epochs * steps_per_epoch)))
-    sched = paddle.optimizer.lr.StepDecay(peak_lr, every, gamma=cfg.lr.decay_rate)
+    """timm's StepLRScheduler, per step: after warm-up ``peak * decay_rate ** floor(step / period)``,
+    ``period = decay_epochs * steps_per_epoch``, counted from step 0 as timm's ``epoch // decay_t``
+    (warm-up included: after 3 warm-up epochs with decay 2.4 the lr is already ``peak * rate``)."""
+    period = max(1.0, cfg.lr.decay_epochs * steps_per_epoch)
+    rate = cfg.lr.decay_rate
+    sched = paddle.optimizer.lr.LambdaDecay(peak_lr, lambda s: rate ** int((s + warmup_steps) / period + 1e-9))
     return _with_warmup(sched, peak_lr, warmup_steps, cfg.lr.warmup_start_lr)
 
 
@@ -93,3 +97,6 @@ def build_optimizer(cfg, model, lr_schedule, multi_precision=False):
     groups = param_groups(model, cfg.optimizer.weight_decay, cfg.optimizer.decay_bn_and_bias)
     return OPTIMIZERS.build(cfg.optimizer.name, lr=lr_schedule, groups=groups, cfg=cfg,
                             multi_precision=multi_precision)
+
+
+import ppdlx.optim.rmsprop_tf  # noqa: E402,F401  (registers rmsprop_tf)

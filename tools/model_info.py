@@ -1,0 +1,43 @@
+"""Parameters, MACs and per-layer output shapes of a config's model at its resolution.
+
+``python tools/model_info.py -c configs/gpunet/gpunet_0.yaml [--report info.json] [--resolution R]``
+
+The resolution is ``data.transforms.crop_size`` (``data.coco.image_size`` for detection), or
+``--resolution``. Report JSON: ``{"model", "params", "macs", "resolution", "output_shape",
+"layers": [{"name", "type", "out_shape"}, ...]}`` (see ``ppdlx.models.info``).
+"""
+from _cli import config_parser, load, run, write_report
+
+
+def main():
+    parser = config_parser(__doc__)
+    parser.add_argument("--resolution", type=int, help="input size (default: the config's)")
+    parser.add_argument("--max-layers", type=int, default=None, help="print at most this many layer rows")
+    args = parser.parse_args()
+    cfg = load(args)
+    import inspect
+
+    from ppdlx.engine.builders import build_model
+    from ppdlx.errors import ConfigError
+    from ppdlx.models.info import config_resolution, model_info
+    from ppdlx.registry import MODELS
+    resolution = args.resolution or config_resolution(cfg)
+    if resolution < 8:
+        raise ConfigError(f"--resolution {resolution}: must be at least 8")
+    if "image_size" in inspect.signature(MODELS.get(cfg.model.name)).parameters:  # detection: fixed input size
+        cfg.model.args = {**cfg.model.args, "image_size": resolution}
+    model = build_model(cfg)
+    info = {"model": cfg.model.name, **model_info(model, resolution, cfg.model.data_format)}
+    rows = info["layers"] if args.max_layers is None else info["layers"][:args.max_layers]
+    width = max([len(r["name"]) for r in rows] + [4])
+    for r in rows:
+        print(f"{r['name']:<{width}}  {r['type']:<24} {r['out_shape']}")
+    if len(rows) < len(info["layers"]):
+        print(f"... ({len(info['layers']) - len(rows)} more layers)")
+    print(f"model {info['model']}: {info['params']:,} parameters, {info['macs']:,} MACs "
+          f"({info['macs'] / 1e9:.3f} G) at {resolution}x{resolution}, output {info['output_shape']}")
+    write_report(args.report, info)
+
+
+if __name__ == "__main__":
+    run(main)
