@@ -682,6 +682,8 @@ def main(argv=None) -> int:
     prep = Preprocessor(meta)
     sample_feeds = None
     if args.backend == "trt" and args.trt_shapes == "collect":
+        if not paths:
+            raise DeployError("--trt-shapes collect runs real inputs: give --input images")
         sizes = sorted({1, args.batch_size, *(int(b) for b in (args.batch_sizes or "").split(",") if b)})
         sample_feeds = [prep.feeds([load_image(paths[i % len(paths)]) for i in range(bs)]) for bs in sizes]
     if args.backend == "trt" and args.precision == "int8":
