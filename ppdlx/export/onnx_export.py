@@ -67,7 +67,10 @@ class OnnxRunner:
 def check_close(what: str, reference: List[np.ndarray], other: List[np.ndarray], atol: float, rtol: float) -> float:
     """Max abs diff over all outputs; raise if above ``atol + rtol * max|reference|``."""
     from ppdlx.export.paddle_export import max_abs_diffs
-    diff = max(max_abs_diffs(reference, other))
+    try:
+        diff = max(max_abs_diffs(reference, other))
+    except ValueError as err:  # e.g. paddle2onnx mis-converting dynamic shapes (detection NMS)
+        raise ExportCheckError(f"{what}: {err}") from None
     scale = max(float(np.max(np.abs(r))) if r.size else 0.0 for r in reference)
     limit = atol + rtol * scale
     if not np.isfinite(diff) or diff > limit:
