@@ -45,6 +45,8 @@ def add_arguments(p):
     p.add_argument("--images", type=int, default=2048, help="train files (hard links of the unique ones)")
     p.add_argument("--classes", type=int, default=8)
     p.add_argument("--split", choices=["train", "val", "both"], default="both")
+    p.add_argument("--stages", type=int, default=1,
+                   help="1 = also time DALI CPU stages (decode, resize, normalise) on one thread, 0 = skip")
     p.add_argument("--e2e-config", default=DEFAULT_E2E_CONFIG,
                    help="config for the end-to-end real-vs-synthetic training measurement ('' to skip)")
     p.add_argument("--e2e-epochs", type=int, default=3, help="timed epochs per end-to-end case")
@@ -147,6 +149,10 @@ def _loader_cases(args):
     return cfg, counts, loaders
 
 
+def backends_of(loaders) -> set:
+    return {backend for _, backend in loaders}
+
+
 def _run_loaders(args, notes):
     import paddle
     paddle.set_device("cpu")
@@ -164,6 +170,8 @@ def _run_loaders(args, notes):
             runs[key].append(_measure(loader, args.steps, args.warmup, r))
     notes.append(f"load average (1 min) before/after: {load_before:.2f} / {os.getloadavg()[0]:.2f} on "
                  f"{os.cpu_count()} CPUs")
+    if args.stages and "dali" in backends_of(loaders):
+        _dali_stage_profile(args, cfg, notes)
     rows = []
     names = {"dali": "dali-cpu", "paddle": "paddle.io"}
     for (split, backend), values in runs.items():
@@ -179,6 +187,56 @@ def _run_loaders(args, notes):
             notes.append(f"{split}: DALI CPU / paddle.io = {statistics.median(ratio):.2f}x "
                          f"(per repeat: {', '.join(f'{x:.2f}' for x in ratio)})")
     return rows
+
+
+def _dali_stage_profile(args, cfg, notes):
+    """ms per image of each DALI CPU stage on one thread (cumulative pipelines, differences reported)."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+    from ppdlx.data.image_folder import scan_image_folder
+    files = [path for path, _ in scan_image_folder(os.path.join(args.data, "train"))[1]][:args.unique]
+    t = cfg.data.transforms
+
+    def graph(stage):
+        jpegs, _ = fn.readers.file(files=files, random_shuffle=False, name="Reader")
+        if stage == "read":
+            return jpegs
+        if stage.startswith("full_decode"):
+            return fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                               random_area=list(t.scale), random_aspect_ratio=list(t.ratio))
+        if stage == "roi_decode":
+            return images
+        images = fn.resize(images, resize_x=t.crop_size, resize_y=t.crop_size,
+                           antialias=stage != "resize_no_antialias")
+        if stage.startswith("resize"):
+            return images
+        return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=list(t.mean),
+                                        std=list(t.std), mirror=fn.random.coin_flip())
+
+    from ppdlx.data.dali import _run_pipeline_def
+    stages = ["read", "full_decode", "roi_decode", "resize", "resize_no_antialias", "normalise"]
+    ms = {k: [] for k in stages}
+    batch = 32
+    for _ in range(3):
+        for stage in stages:
+            pipe = _run_pipeline_def(lambda: graph(stage), batch_size=batch, num_threads=1, device_id=None, seed=1,
+                                     prefetch_queue_depth=1, exec_pipelined=False, exec_async=False)
+            pipe.build()
+            pipe.run()
+            start = time.perf_counter()
+            for _ in range(4):
+                pipe.run()
+            ms[stage].append((time.perf_counter() - start) * 1000 / (4 * batch))
+            del pipe
+    m = {k: min(v) for k, v in ms.items()}  # min: least disturbed by other load
+    notes.append(f"DALI CPU train stages, one thread, ms/image (best of 3): read {m['read']:.2f}, full decode "
+                 f"{m['full_decode']:.2f}, fused random-crop decode {m['roi_decode']:.2f}, + resize to "
+                 f"{t.crop_size} {m['resize'] - m['roi_decode']:.2f} (without antialias "
+                 f"{m['resize_no_antialias'] - m['roi_decode']:.2f}), + crop_mirror_normalize "
+                 f"{m['normalise'] - m['resize']:.2f}; total {m['normalise']:.2f} ms -> "
+                 f"{1000 / m['normalise']:.0f} img/s per core")
+    return m
 
 
 # ------------------------------------------------------------------ end-to-end
