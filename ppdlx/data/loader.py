@@ -109,7 +109,7 @@ def build_classification_loader(cfg, split: str, rank: int = 0, world_size: int 
         except ImportError as err:
             raise ConfigError(f"data.backend=dali: NVIDIA DALI is not installed ({err}); "
                               f"pip install 'ppdlx[dali]' or set data.backend=paddle") from None
-        return dali_backend.build_dali_loader(cfg, split, rank, world_size, batch_size=batch_size)
+        return dali_backend.build_dali_loader(cfg, split, rank, world_size, batch_size=batch_size, classes=classes)
     training = split == "train"
     transform = TrainTransform(data.transforms, fmt) if training else EvalTransform(data.transforms, fmt)
     dataset = ImageFolder(data.root, data.train_split if training else data.val_split, transform,

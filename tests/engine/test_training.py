@@ -22,6 +22,7 @@ TRAIN = os.path.join(ROOT, "tools", "train.py")
 def tiny_overrides(root, out, *extra):
     return [f"data.root={root}", f"global.output_dir={out}", "global.device=cpu", "global.log_interval=1",
             "model.name=resnet18_bottleneck_tiny", "model.num_classes=4", "data.batch_size=8", "data.workers=0",
+            "data.backend=paddle",
             "data.transforms.crop_size=32", "data.transforms.resize_short=32", "data.transforms.hflip=0.5",
             "data.transforms.scale=[0.5, 1.0]", "train.epochs=3", "lr.base_lr=0.1", "lr.scale_with_batch=false", "lr.warmup_epochs=1",
             *extra]
