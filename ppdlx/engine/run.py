@@ -84,6 +84,10 @@ def build_training(cfg, hooks=()):
     raw_model = model
     ema = ModelEMA(raw_model, cfg.ema.decay, cfg.ema.dynamic_decay) if cfg.ema.enabled else None
     if cfg.train.graph == "to_static":
+        # The model only (AST, full_graph=True): bit-identical to dynamic under PIR and legacy IR;
+        # the train step cannot be AST-converted (loss.backward) -- docs/graph_modes.md.
+        from ppdlx.engine.static_trainer import check_graph_flags
+        check_graph_flags("to_static")  # oneDNN flags break run_program ("dst_tensor ... defined")
         model = paddle.jit.to_static(model, full_graph=True)
     if world > 1:
         model = paddle.DataParallel(model)
