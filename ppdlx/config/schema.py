@@ -82,6 +82,24 @@ class DaliConfig(Section):
     corrupt_files: Literal["skip", "error"] = "skip"
 
 
+class CocoConfig(Section):
+    """``data.dataset: coco`` (detection). Paths are relative to ``data.root`` unless absolute.
+    mean/std, hflip, interpolation and ``random`` come from ``data.transforms``."""
+    train_json: str = "annotations/instances_train2017.json"
+    val_json: str = "annotations/instances_val2017.json"
+    train_images: str = "train2017"
+    val_images: str = "val2017"
+    # square network input: training crops/pads to it, eval resizes the longer side to it and pads
+    image_size: int = Field(512, ge=32)
+    # training scale jitter: the image is resized to fit image_size * U(lo, hi), then cropped/padded
+    scale_range: Tuple[float, float] = (0.1, 2.0)
+    max_instances: int = Field(100, ge=1)
+    skip_crowd: bool = True  # leave iscrowd=1 boxes out of the training targets
+    # an invalid annotation (zero/negative size, outside the image, unknown category id) or a
+    # missing image file: "skip" = report it (file + annotation id) and leave it out, "error" = stop
+    invalid: Literal["skip", "error"] = "skip"
+
+
 class SyntheticConfig(Section):
     num_images: int = Field(1024, ge=1)
 
@@ -98,6 +116,7 @@ class DataConfig(Section):
     transforms: TransformsConfig = Field(default_factory=TransformsConfig)
     dali: DaliConfig = Field(default_factory=DaliConfig)
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
+    coco: CocoConfig = Field(default_factory=CocoConfig)
 
 
 class TrainConfig(Section):
@@ -120,6 +139,9 @@ class OptimizerConfig(Section):
     weight_decay: float = Field(1.0 / 32768, ge=0.0)
     # BN scales/shifts and biases get no weight decay.
     decay_bn_and_bias: bool = False
+    # which parameters decay: "default" = all but 1-D ones (see decay_bn_and_bias);
+    # "conv_kernels" = 4-D parameters only (EfficientDet: conv/depthwise/pointwise kernels)
+    decay_params: Literal["default", "conv_kernels"] = "default"
     nesterov: bool = False
     grad_clip_norm: Optional[float] = Field(None, gt=0.0)
     # RMSprop (TF style) knobs
@@ -194,6 +216,27 @@ class EvalConfig(Section):
     topk: Tuple[int, int] = (1, 5)
 
 
+class DetectionConfig(Section):
+    """Detection evaluation / post-processing (``data.dataset: coco``)."""
+    # "soft": per-class gaussian soft-NMS in numpy (the reference's COCO eval); "hard": per-class
+    # hard NMS in paddle ops (what the exported model does)
+    nms: Literal["soft", "hard"] = "soft"
+    soft_nms_sigma: float = Field(0.5, gt=0.0)
+    iou_threshold: float = Field(0.5, gt=0.0, le=1.0)  # hard NMS
+    score_threshold: float = Field(0.001, ge=0.0)
+    pre_nms_top_k: int = Field(5000, ge=1)
+    max_detections: int = Field(100, ge=1)
+    # write the val detections as COCO results JSON to <global.output_dir>/detections_val.json
+    save_results: bool = True
+    # BatchNorm running-statistics momentum for training (paddle convention: running = m * running +
+    # (1 - m) * batch); null keeps the model's (0.99, as the reference). Short runs (the CPU demo):
+    # a smaller m lets the eval statistics catch up within a few hundred steps.
+    bn_momentum: Optional[float] = Field(None, gt=0.0, lt=1.0)
+    # before each evaluation during training, re-estimate the BN running statistics of the weights
+    # being evaluated (EMA or raw) from this many training batches ("precise BN"); 0 = off
+    precise_bn_batches: int = Field(0, ge=0)
+
+
 class ExportConfig(Section):
     output_dir: Optional[str] = None
     output: Literal["logits", "probabilities"] = "logits"
@@ -214,6 +257,7 @@ class Config(Section):
     asp: AspConfig = Field(default_factory=AspConfig)
     distill: DistillConfig = Field(default_factory=DistillConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    detection: DetectionConfig = Field(default_factory=DetectionConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)

@@ -59,13 +59,19 @@ def is_no_decay(name: str, param) -> bool:
     return len(param.shape) <= 1
 
 
-def param_groups(model, weight_decay: float, decay_bn_and_bias: bool):
+def param_groups(model, weight_decay: float, decay_bn_and_bias: bool, decay_params: str = "default"):
+    """``decay_params="conv_kernels"``: only 4-D parameters decay (conv, depthwise and pointwise
+    kernels; not BN, biases, fusion weights or Linear weights), as the EfficientDet recipe."""
     params = [p for p in model.parameters() if not p.stop_gradient]
-    if decay_bn_and_bias or weight_decay == 0:
+    if decay_params == "conv_kernels":
+        no_decay_fn = lambda name, p: len(p.shape) != 4  # noqa: E731
+    else:
+        no_decay_fn = is_no_decay
+    if (decay_bn_and_bias and decay_params == "default") or weight_decay == 0:
         return [{"params": params, "weight_decay": weight_decay}]
     names = {id(p): n for n, p in model.named_parameters()}
-    decay = [p for p in params if not is_no_decay(names.get(id(p), ""), p)]
-    no_decay = [p for p in params if is_no_decay(names.get(id(p), ""), p)]
+    decay = [p for p in params if not no_decay_fn(names.get(id(p), ""), p)]
+    no_decay = [p for p in params if no_decay_fn(names.get(id(p), ""), p)]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
@@ -94,7 +100,8 @@ def adamw(lr, groups, cfg, multi_precision=False):
 
 
 def build_optimizer(cfg, model, lr_schedule, multi_precision=False):
-    groups = param_groups(model, cfg.optimizer.weight_decay, cfg.optimizer.decay_bn_and_bias)
+    groups = param_groups(model, cfg.optimizer.weight_decay, cfg.optimizer.decay_bn_and_bias,
+                          cfg.optimizer.decay_params)
     return OPTIMIZERS.build(cfg.optimizer.name, lr=lr_schedule, groups=groups, cfg=cfg,
                             multi_precision=multi_precision)
 

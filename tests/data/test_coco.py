@@ -1,0 +1,175 @@
+"""COCO dataset: box transforms agree with the pixels, invalid annotations, crowd, batch contract."""
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ppdlx.data.coco import CocoDetection, CocoIndex, eval_size, train_window
+from ppdlx.errors import DataError
+
+MEAN, STD = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)  # identity normalisation: pixels stay readable
+
+
+def write_coco(root, images, annotations, categories=({"id": 4, "name": "thing"}, {"id": 9, "name": "other"})):
+    """``images``: [(id, file, w, h, [(x0, y0, x1, y1, colour)...])] drawn as solid rectangles."""
+    os.makedirs(os.path.join(root, "img"), exist_ok=True)
+    infos = []
+    for image_id, name, w, h, rects in images:
+        arr = np.full((h, w, 3), 40, np.uint8)
+        for x0, y0, x1, y1, colour in rects:
+            arr[y0:y1, x0:x1] = colour
+        if name:
+            Image.fromarray(arr).save(os.path.join(root, "img", name))  # PNG: exact pixels
+        infos.append({"id": image_id, "file_name": name or f"missing_{image_id}.png", "width": w, "height": h})
+    path = os.path.join(root, "ann.json")
+    with open(path, "w") as f:
+        json.dump({"images": infos, "annotations": annotations, "categories": list(categories)}, f)
+    return path
+
+
+def ann(aid, image_id, bbox, cat=4, crowd=0):
+    return {"id": aid, "image_id": image_id, "category_id": cat, "bbox": bbox, "iscrowd": crowd,
+            "area": float(bbox[2] * bbox[3])}
+
+
+@pytest.fixture
+def one_box(tmp_path):
+    """A 100x50 image with a white box at x 10..40, y 5..25 (COCO bbox [10, 5, 30, 20])."""
+    path = write_coco(str(tmp_path), [(1, "a.png", 100, 50, [(10, 5, 40, 25, (255, 255, 255))])],
+                      [ann(1, 1, [10, 5, 30, 20])])
+    return path, os.path.join(str(tmp_path), "img")
+
+
+def _white_extent(img_chw):
+    """(x1, y1, x2, y2) pixel-edge extent of the pixels brighter than 200 (channel 0)."""
+    ys, xs = np.nonzero(img_chw[0] > 200)
+    return xs.min(), ys.min(), xs.max() + 1, ys.max() + 1
+
+
+def test_eval_transform_scales_box_and_pads_bottom_right(one_box):
+    ds = CocoDetection(*one_box, image_size=64, training=False, mean=MEAN, std=STD)
+    img, boxes, classes, image_id, scale, _ = ds[0]
+    assert img.shape == (3, 64, 64) and img.dtype == np.float32
+    # longer side 100 -> 64: factor 0.64, content 64 x 32, padding rows 32..63 are 0
+    assert scale == pytest.approx(1 / 0.64)
+    np.testing.assert_allclose(boxes[0], [5 * .64, 10 * .64, 25 * .64, 40 * .64], atol=1e-5)  # yxyx
+    assert classes[0] == 0 and (classes[1:] == -1).all() and boxes.shape == (100, 4)
+    assert image_id == 1
+    assert np.all(img[:, 32:, :] == 0) and img[:, :32, :].min() >= 39
+    x1, y1, x2, y2 = _white_extent(img)
+    assert abs(x1 - 6.4) <= 1 and abs(x2 - 25.6) <= 1 and abs(y1 - 3.2) <= 1 and abs(y2 - 16) <= 1
+
+
+def test_flip_mirrors_box_and_pixels(one_box):
+    ds = CocoDetection(*one_box, image_size=64, training=True, mean=MEAN, std=STD, hflip=1.0,
+                       scale_range=(1.0, 1.0))
+    img, boxes, *_ = ds[0]
+    # mirrored in the 100 px original: x 60..90 -> x0.64 = 38.4..57.6
+    np.testing.assert_allclose(boxes[0], [3.2, 38.4, 16.0, 57.6], atol=1e-5)
+    x1, y1, x2, y2 = _white_extent(img)
+    assert abs(x1 - 38.4) <= 1 and abs(x2 - 57.6) <= 1 and abs(y1 - 3.2) <= 1 and abs(y2 - 16) <= 1
+
+
+def test_scale_jitter_and_crop_keep_boxes_on_the_pixels(tmp_path):
+    rects = [(10, 10, 70, 50, (255, 255, 255)), (120, 60, 150, 110, (255, 255, 255))]
+    path = write_coco(str(tmp_path), [(1, "b.png", 160, 120, rects)],
+                      [ann(1, 1, [10, 10, 60, 40]), ann(2, 1, [120, 60, 30, 50], cat=9)])
+    ds = CocoDetection(path, os.path.join(str(tmp_path), "img"), image_size=64, training=True, mean=MEAN,
+                       std=STD, hflip=0.5, scale_range=(0.3, 2.0))
+    seen_crop = False
+    for epoch in range(12):
+        ds.set_epoch(epoch)
+        img, boxes, classes, *_ = ds[0]
+        valid = classes >= 0
+        assert valid.sum() >= 1
+        assert (boxes[valid] >= 0).all() and (boxes[valid] <= 64).all()
+        assert (boxes[valid][:, 2] > boxes[valid][:, 0]).all() and (boxes[valid][:, 3] > boxes[valid][:, 1]).all()
+        mask = img[0] > 200
+        for (y1, x1, y2, x2) in boxes[valid]:
+            inner = mask[int(np.ceil(y1)) + 1:int(y2) - 1, int(np.ceil(x1)) + 1:int(x2) - 1]
+            if inner.size:
+                assert inner.mean() > 0.95  # the box sits on white pixels
+        # every white pixel lies inside some box (1 px slack for resampling)
+        ys, xs = np.nonzero(mask)
+        inside = np.zeros(len(ys), bool)
+        for (y1, x1, y2, x2) in boxes[valid]:
+            inside |= (ys >= y1 - 1) & (ys < y2 + 1) & (xs >= x1 - 1) & (xs < x2 + 1)
+        assert inside.all()
+        seen_crop |= bool(valid.sum() < 2)
+    assert seen_crop  # large scales crop one of the boxes away at least once
+
+
+def test_window_and_eval_size_follow_the_reference():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        w, h = (int(v) for v in rng.integers(20, 900, 2))
+        sw, sh, ox, oy = train_window(w, h, 512, (0.1, 2.0), rng)
+        assert 0 <= ox <= max(0, sw - 512) and 0 <= oy <= max(0, sh - 512)
+        assert max(sw, sh) <= int(2.0 * 512) and abs(sw / w - sh / h) < 2.0 / min(w, h) + 1e-6
+        ew, eh, inv = eval_size(w, h, 512)
+        assert max(ew, eh) == 512 and inv == pytest.approx(max(w, h) / 512)
+
+
+def test_invalid_annotations_reported_with_file_and_id_then_skipped(tmp_path, ppdlx_caplog):
+    anns = [ann(1, 1, [10, 5, 30, 20]),
+            ann(2, 1, [10, 5, -3, 20]),          # negative width
+            ann(3, 1, [10, 5, 0, 20]),           # zero width
+            ann(4, 1, [90, 5, 30, 20]),          # 120 > 100: outside the image
+            ann(5, 1, [10, 5, 30, 20], cat=77),  # unknown category id
+            ann(6, 2, [1, 1, 5, 5])]             # on an image whose file is missing
+    path = write_coco(str(tmp_path), [(1, "a.png", 100, 50, []), (2, None, 20, 20, [])], anns)
+    index = CocoIndex(path, os.path.join(str(tmp_path), "img"), invalid="skip")
+    assert [r["id"] for r in index.records] == [1]
+    assert index.records[0]["ann_ids"] == [1]
+    reported = {a for _, a, _, _, _ in index.invalid}
+    assert reported == {2, 3, 4, 5, None}  # None: the missing image (reported by image id)
+    text = ppdlx_caplog.text
+    for aid in (2, 3, 4, 5):
+        assert f"{path}: annotation id {aid} (image id 1, a.png)" in text
+    assert "negative size" in text and "outside the 100.0x50.0 image" in text and "unknown category id 77" in text
+    assert "image id 2 (missing_2.png): image file" in text and "not found" in text
+    # the evaluation ground truth holds only what was kept
+    assert [a["id"] for a in index.gt_dataset["annotations"]] == [1]
+
+
+def test_invalid_annotation_rejected_with_error_switch(tmp_path):
+    path = write_coco(str(tmp_path), [(1, "a.png", 100, 50, [])], [ann(1, 1, [10, 5, 30, 20]), ann(7, 1, [0, 0, 0, 9])])
+    with pytest.raises(DataError) as err:
+        CocoIndex(path, os.path.join(str(tmp_path), "img"), invalid="error")
+    msg = str(err.value)
+    assert path in msg and "annotation id 7" in msg and "data.coco.invalid=skip" in msg and "\n" not in msg
+    path2 = write_coco(str(tmp_path / "m"), [(1, None, 10, 10, [])], [])
+    with pytest.raises(DataError, match="missing_1.png.*not found"):
+        CocoIndex(path2, str(tmp_path / "m" / "img"), invalid="error")
+
+
+def test_crowd_skipped_in_training_kept_for_eval_and_ids_mapped(tmp_path):
+    path = write_coco(str(tmp_path), [(1, "a.png", 64, 64, [])],
+                      [ann(1, 1, [2, 2, 20, 20], cat=9), ann(2, 1, [30, 30, 20, 20], cat=4, crowd=1)])
+    img_dir = os.path.join(str(tmp_path), "img")
+    train = CocoDetection(path, img_dir, image_size=64, training=True, mean=MEAN, std=STD, hflip=0.0,
+                          scale_range=(1.0, 1.0))
+    _, boxes, classes, *_ = train[0]
+    assert classes.tolist()[:2] == [1, -1]  # category 9 -> class 1 (ids sorted: 4, 9); crowd dropped
+    ev = CocoDetection(path, img_dir, image_size=64, training=False, mean=MEAN, std=STD)
+    assert sorted(ev[0][2].tolist()[:2]) == [0, 1]
+    assert ev.cat_ids == [4, 9] and ev.classes == ["thing", "other"]
+    assert len(ev.coco_gt.getAnnIds(iscrowd=True)) == 1
+
+
+def test_max_instances_and_loader_batch_contract(tmp_path):
+    anns = [ann(i + 1, 1, [i % 10 * 6, i // 10 * 6, 5, 5]) for i in range(60)]
+    path = write_coco(str(tmp_path), [(1, "a.png", 64, 64, []), (2, "b.png", 80, 40, []), (3, "c.png", 30, 60, [])],
+                      anns + [ann(100, 2, [1, 1, 10, 10])])
+    from ppdlx.data.coco import CocoLoader
+    from ppdlx.data.samplers import EvalBatchSampler
+    ds = CocoDetection(path, os.path.join(str(tmp_path), "img"), image_size=32, max_instances=50, mean=MEAN, std=STD)
+    batches = list(CocoLoader(ds, EvalBatchSampler(len(ds), 2), workers=0))
+    images, boxes, classes, ids, scales = batches[0]
+    assert images.shape == [2, 3, 32, 32] and str(images.dtype) == "paddle.float32"
+    assert boxes.shape == [2, 50, 4] and classes.shape == [2, 50] and str(classes.dtype) == "paddle.int64"
+    assert int((classes[0] >= 0).sum()) == 50 and int((classes[1] >= 0).sum()) == 1  # truncated to 50
+    assert ids.numpy().tolist() == [1, 2] and batches[1][3].numpy().tolist() == [3]
+    np.testing.assert_allclose(scales.numpy(), [2.0, 2.5], rtol=1e-6)

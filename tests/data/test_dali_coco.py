@@ -1,0 +1,69 @@
+"""DALI COCO pipeline: same boxes as the paddle.io pipeline with augmentation off, sane with it on."""
+import numpy as np
+import pytest
+
+pytest.importorskip("nvidia.dali")
+
+from ppdlx.config import load_config  # noqa: E402
+from ppdlx.data.coco import build_coco_loader  # noqa: E402
+from ppdlx.data.synthetic_coco import make_synthetic_coco  # noqa: E402
+from ppdlx.errors import UnsupportedError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("dali_coco"))
+    make_synthetic_coco(root, num_train=12, num_val=7, seed=3, size_range=(60, 140))
+    return root
+
+
+def _cfg(root, *extra):
+    return load_config(None, ["data.dataset=coco", f"data.root={root}", "data.coco.train_json=annotations/instances_train.json",
+                              "data.coco.val_json=annotations/instances_val.json", "data.coco.train_images=train",
+                              "data.coco.val_images=val", "data.coco.image_size=96", "data.batch_size=4",
+                              "data.workers=0", "model.num_classes=3", *extra])
+
+
+@pytest.mark.parametrize("split", ["val", "train"])
+def test_dali_matches_paddle_io_without_augmentation(shapes, split):
+    off = ["data.transforms.random=false"]
+    ref = list(build_coco_loader(_cfg(shapes, *off), split))
+    got = list(build_coco_loader(_cfg(shapes, *off, "data.backend=dali"), split))
+    assert len(ref) == len(got) == (2 if split == "val" else 3)
+    n_boxes = 0
+    for (im1, b1, c1, i1, s1), (im2, b2, c2, i2, s2) in zip(ref, got):
+        assert im1.shape == im2.shape and b1.shape == b2.shape == [im1.shape[0], 100, 4]
+        assert i1.numpy().tolist() == i2.numpy().tolist()
+        assert (c1.numpy() == c2.numpy()).all()
+        np.testing.assert_allclose(b2.numpy(), b1.numpy(), atol=1e-3)
+        np.testing.assert_allclose(s2.numpy(), s1.numpy(), rtol=1e-5)
+        # same pixels up to JPEG decoder / resampler differences; padding identical (0)
+        diff = np.abs(im1.numpy() - im2.numpy())
+        assert diff.mean() < 0.02 and diff.max() < 0.5
+        n_boxes += int((c1.numpy() >= 0).sum())
+    assert n_boxes >= 7
+    if split == "val":  # 7 images over batches of 4: the padded last batch is trimmed
+        assert sum(int(b[0].shape[0]) for b in got) == 7
+
+
+def test_dali_train_augmentation_keeps_boxes_valid(shapes):
+    loader = build_coco_loader(_cfg(shapes, "data.backend=dali", "data.coco.scale_range=[0.5,2.0]"), "train")
+    flipped_or_scaled = False
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for images, boxes, classes, ids, scales in loader:
+            assert images.shape == [4, 3, 96, 96]
+            valid = classes.numpy() >= 0
+            b = boxes.numpy()[valid]
+            assert (b >= 0).all() and (b <= 96).all() and (b[:, 2] > b[:, 0]).all() and (b[:, 3] > b[:, 1]).all()
+            flipped_or_scaled |= bool(np.abs(scales.numpy() - 1).max() > 0)
+    assert flipped_or_scaled
+
+
+def test_gpu_on_a_cpu_build_is_one_line(shapes):
+    import paddle
+    if paddle.is_compiled_with_cuda():
+        pytest.skip("CUDA build")
+    with pytest.raises(UnsupportedError) as err:
+        build_coco_loader(_cfg(shapes, "data.backend=dali", "data.dali.device=gpu"), "val")
+    assert "data.dali.device=cpu" in str(err.value) and "\n" not in str(err.value)
