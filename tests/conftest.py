@@ -34,9 +34,12 @@ def ppdlx_caplog(caplog):
     """caplog that also sees the ``ppdlx`` loggers (they do not propagate to the root logger)."""
     import logging
     logger = logging.getLogger("ppdlx")
+    propagate = logger.propagate
+    logger.propagate = False  # else the root's caplog handler sees each record a second time
     logger.addHandler(caplog.handler)
     yield caplog
     logger.removeHandler(caplog.handler)
+    logger.propagate = propagate
 
 
 @pytest.fixture(scope="session")
