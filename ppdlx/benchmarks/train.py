@@ -44,12 +44,14 @@ class _BareLoop:
         self.images, self.labels = images, labels
 
     def run(self, steps):
+        loss = None
         for _ in range(steps):
             loss = F.cross_entropy(self.model(self.images), self.labels, label_smoothing=0.1)
             loss.backward()
             self.opt.step()
             self.opt.clear_grad()
-        float(loss)  # wait for the last step
+        if loss is not None:
+            float(loss)  # wait for the last step
 
 
 class _Trainer:
