@@ -25,20 +25,9 @@ def config_parser(description: str, config_required: bool = True) -> argparse.Ar
 def load(args):
     from ppdlx.config import flatten_overrides, load_config
     cfg = load_config(args.config, flatten_overrides(args.override))
+    from ppdlx.cpu_env import apply_cpu_environment
     apply_cpu_environment(cfg)
     return cfg
-
-
-def apply_cpu_environment(cfg) -> None:
-    """Environment switches that only work before paddle (and MKL) load."""
-    value = cfg.global_.mkl_debug_cpu_type
-    if "paddle" in sys.modules:
-        return
-    if value is None:
-        if not ppdlx.MKL_DEBUG_CPU_TYPE_FROM_USER:
-            os.environ.pop("MKL_DEBUG_CPU_TYPE", None)
-    else:
-        os.environ["MKL_DEBUG_CPU_TYPE"] = str(value)
 
 
 def write_report(path, report: dict) -> None:

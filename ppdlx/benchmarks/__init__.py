@@ -14,6 +14,7 @@ KINDS = {
     "train": "ppdlx.benchmarks.train",
     "loader": "ppdlx.benchmarks.loader",
     "infer": "ppdlx.benchmarks.infer",
+    "profile": "ppdlx.benchmarks.profile",
 }
 
 

@@ -4,10 +4,24 @@ PyTorch is an optional, benchmark-only dependency (``pip install torch==2.13.0``
 CPU build). The network is written here, layer for layer like ``ppdlx.models.resnet``
 (stride on the 3x3 conv), so no torchvision is needed. Same batch, same threads, fp32 and
 bf16 autocast (channels-last where asked).
+
+PyTorch runs in its own worker process, driven round by round between the ppdlx rounds: two
+OpenMP runtimes in one process compete for the cores (PyTorch measured several times slower
+in-process next to Paddle on 2 cores than alone).
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+
+VARIANTS = {  # case name -> (autocast dtype, channels_last)
+    "torch eager float32": ("float32", False),
+    "torch eager float32 channels_last": ("float32", True),
+    "torch eager bfloat16 channels_last": ("bfloat16", True),
+}
 
 
 def _torch_resnet50(num_classes):
@@ -37,9 +51,8 @@ def _torch_resnet50(num_classes):
                          nn.Linear(2048, num_classes))
 
 
-def _measure_torch(batch, size, num_classes, steps, warmup, threads, dtype, channels_last):
+def _make_step(batch, size, num_classes, dtype, channels_last):
     import torch
-    torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = _torch_resnet50(num_classes).train()
     x = torch.randn(batch, 3, size, size)
@@ -58,25 +71,65 @@ def _measure_torch(batch, size, num_classes, steps, warmup, threads, dtype, chan
         opt.zero_grad(set_to_none=True)
         return loss
 
-    for _ in range(warmup):
-        step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return steps * batch / (time.perf_counter() - start)
+    return step
 
 
-def torch_rows(cfg, steps, warmup):
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return [{"case": "torch", "images_per_s": float("nan"), "note": "pip install torch==2.13.0 to compare"}]
-    import os
-    threads = cfg.global_.cpu_threads or os.cpu_count()
-    batch, size = cfg.data.batch_size, cfg.data.transforms.crop_size
-    rows = []
-    for dtype, channels_last in (("float32", False), ("float32", True), ("bfloat16", True)):
-        ips = _measure_torch(batch, size, cfg.model.num_classes, steps, warmup, threads, dtype, channels_last)
-        rows.append({"case": f"torch eager {dtype}{' channels_last' if channels_last else ''}",
-                     "images_per_s": ips, "batch_size": batch, "steps": steps})
-    return rows
+def _worker(batch, size, num_classes, threads):
+    """stdin: one JSON ``{"case", "steps"}`` per line; stdout: ``{"seconds"}`` per line."""
+    import torch
+    torch.set_num_threads(threads)
+    steps_of = {}
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["case"] not in steps_of:
+            steps_of[cmd["case"]] = _make_step(batch, size, num_classes, *VARIANTS[cmd["case"]])
+        step = steps_of[cmd["case"]]
+        start = time.perf_counter()
+        for _ in range(cmd["steps"]):
+            step()
+        print(json.dumps({"seconds": time.perf_counter() - start, "threads": torch.get_num_threads(),
+                          "torch": torch.__version__}), flush=True)
+
+
+class TorchWorker:
+    """A PyTorch process that runs the measured steps of one variant on request."""
+
+    def __init__(self, batch, size, num_classes, threads):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ppdlx.benchmarks.torch_compare", str(batch), str(size), str(num_classes),
+             str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.facts = {}
+
+    def run(self, case, steps) -> float:
+        self.proc.stdin.write(json.dumps({"case": case, "steps": steps}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the PyTorch worker exited with code {self.proc.wait()}")
+        reply = json.loads(line)
+        self.facts = {"torch": reply["torch"], "torch_threads": reply["threads"]}
+        return reply["seconds"]
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+class TorchCase:
+    """One variant as a runner for the interleaved rounds of ``ppdlx.benchmarks.train.measure``;
+    ``run`` returns the worker's own timing of the steps."""
+
+    def __init__(self, worker, case, steps_scale=1.0):
+        self.worker, self.case, self.steps_scale = worker, case, steps_scale
+
+    def run(self, steps):
+        return self.worker.run(self.case, steps)
+
+
+def torch_available() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None
+
+
+if __name__ == "__main__":
+    _worker(*(int(a) for a in sys.argv[1:5]))

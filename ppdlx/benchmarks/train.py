@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import time
 
 import numpy as np
@@ -17,7 +18,6 @@ import paddle.nn.functional as F
 EXTRA_CASES = {
     "graph_modes": "ppdlx.benchmarks.graph_modes:graph_mode_rows",
     "asp": "ppdlx.benchmarks.train_asp:asp_overhead",
-    "torch": "ppdlx.benchmarks.torch_compare:torch_rows",
 }
 
 
@@ -28,8 +28,25 @@ def add_arguments(parser):
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps per case")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved measuring rounds")
     parser.add_argument("--cases", default="ppdlx,bare",
-                        help=f"comma list of ppdlx, bare and extra cases ({', '.join(EXTRA_CASES)})")
-    parser.add_argument("--compare-torch", action="store_true", help="add the PyTorch case (needs torch)")
+                        help=f"comma list of ppdlx, bare, torch and extra cases ({', '.join(EXTRA_CASES)})")
+    parser.add_argument("--compare-torch", action="store_true", help="add the PyTorch cases (needs torch)")
+    parser.add_argument("--torch-bf16-scale", type=float, default=0.25,
+                        help="steps of the PyTorch bf16 case relative to the others (it is ~15x slower on CPUs "
+                             "without avx512_bf16/AMX); 0 = skip it")
+
+
+def _torch_runners(cfg, args, runners):
+    from ppdlx.benchmarks import torch_compare
+    if not torch_compare.torch_available():
+        raise SystemExit("error: --compare-torch needs PyTorch (pip install torch==2.13.0, the CPU build)")
+    from ppdlx.engine.dist import configure_cpu_threads
+    worker = torch_compare.TorchWorker(cfg.data.batch_size, cfg.data.transforms.crop_size, cfg.model.num_classes,
+                                       configure_cpu_threads(cfg))
+    for case, (dtype, _) in torch_compare.VARIANTS.items():
+        scale = args.torch_bf16_scale if dtype == "bfloat16" else 1.0
+        if scale > 0:
+            runners[case] = torch_compare.TorchCase(worker, case, scale)
+    return worker
 
 
 class _BareLoop:
@@ -69,11 +86,14 @@ class _Trainer:
 
 def _time(runner, steps):
     start = time.perf_counter()
-    runner.run(steps)
-    return time.perf_counter() - start
+    own = runner.run(steps)
+    return own if isinstance(own, float) else time.perf_counter() - start
 
 
-def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare")):
+def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare"), extra_runners=None):
+    """img/s of each case over ``steps`` measured steps split into ``rounds`` interleaved rounds.
+    ``extra_runners``: name -> runner with ``run(steps)`` and an optional ``steps_scale`` (slow
+    cases run fewer steps per round)."""
     batch = cfg.data.batch_size
     runners = {}
     if "ppdlx" in cases:
@@ -85,18 +105,24 @@ def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare")):
             loader = SyntheticLoader(batch, batch, cfg.model.num_classes, cfg.data.transforms.crop_size,
                                      cfg.model.data_format, cfg.global_.seed)
         runners["bare"] = _BareLoop(cfg, loader.images, loader.labels)
-    for runner in runners.values():
-        runner.run(warmup)
-    seconds = {name: 0.0 for name in runners}
+    runners.update(extra_runners or {})
     per_round = max(1, steps // rounds)
-    for _ in range(rounds):
-        for name, runner in runners.items():
-            seconds[name] += _time(runner, per_round)
-    measured = per_round * rounds
-    rows = [{"case": name, "images_per_s": measured * batch / secs, "batch_size": batch, "steps": measured,
-             "seconds": secs} for name, secs in seconds.items()]
-    if "ppdlx" in seconds and "bare" in seconds:
-        rows[0]["ratio_vs_bare"] = seconds["bare"] / seconds["ppdlx"]
+    steps_of = {name: max(1, round(per_round * getattr(r, "steps_scale", 1.0))) for name, r in runners.items()}
+    for name, runner in runners.items():
+        runner.run(max(1, round(warmup * getattr(runner, "steps_scale", 1.0))) if warmup else 0)
+    seconds = {name: 0.0 for name in runners}
+    names = list(runners)
+    for r in range(rounds):
+        # every other round runs the cases in reverse order: no case always follows the same one
+        for name in names if r % 2 == 0 else names[::-1]:
+            seconds[name] += _time(runners[name], steps_of[name])
+    rows = [{"case": name, "images_per_s": steps_of[name] * rounds * batch / secs, "batch_size": batch,
+             "steps": steps_of[name] * rounds, "seconds": secs} for name, secs in seconds.items()]
+    by_name = {row["case"]: row for row in rows}
+    if "ppdlx" in by_name:
+        for row in rows:
+            if row["case"] != "ppdlx":
+                row["ppdlx_vs_this"] = by_name["ppdlx"]["images_per_s"] / row["images_per_s"]
     return rows
 
 
@@ -109,14 +135,27 @@ def run(args):
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     if args.compare_torch and "torch" not in cases:
         cases.append("torch")
-    rows = measure(cfg, args.steps, args.warmup, args.rounds, [c for c in cases if c in ("ppdlx", "bare")])
+    extra_runners, worker = {}, None
+    if "torch" in cases:
+        worker = _torch_runners(cfg, args, extra_runners)
+    try:
+        rows = measure(cfg, args.steps, args.warmup, args.rounds, [c for c in cases if c in ("ppdlx", "bare")],
+                       extra_runners)
+    finally:
+        if worker is not None:
+            worker.close()
+    from ppdlx.engine.dist import configure_cpu_threads
     notes = [f"config {args.config}; model {cfg.model.name} {cfg.model.data_format}; batch {cfg.data.batch_size} "
-             f"at {cfg.data.transforms.crop_size} px; {args.steps} steps in {args.rounds} interleaved rounds"]
+             f"at {cfg.data.transforms.crop_size} px; {args.steps} steps in {args.rounds} interleaved rounds; "
+             f"{configure_cpu_threads(cfg)} CPU threads; MKL_DEBUG_CPU_TYPE={os.environ.get('MKL_DEBUG_CPU_TYPE')}"]
+    if worker is not None:
+        notes.append(f"PyTorch {worker.facts.get('torch')} in a worker process, {worker.facts.get('torch_threads')} "
+                     f"threads; bf16 cases run {args.torch_bf16_scale:g}x the steps of the others")
     for case in cases:
-        if case in ("ppdlx", "bare"):
+        if case in ("ppdlx", "bare", "torch"):
             continue
         if case not in EXTRA_CASES:
-            raise SystemExit(f"error: unknown benchmark case '{case}' (known: ppdlx, bare, {', '.join(EXTRA_CASES)})")
+            raise SystemExit(f"error: unknown benchmark case '{case}' (known: ppdlx, bare, torch, {', '.join(EXTRA_CASES)})")
         module_name, fn_name = EXTRA_CASES[case].split(":")
         fn = getattr(importlib.import_module(module_name), fn_name)
         rows.extend(fn(cfg, args.steps, args.warmup))

@@ -30,8 +30,7 @@ def _setup(cfg):
     setup_logging(rank)
     device = resolve_device(cfg.global_.device)
     paddle.set_device(device)
-    if cfg.global_.cpu_threads:
-        paddle.base.core.set_num_threads(cfg.global_.cpu_threads)
+    dist.configure_cpu_threads(cfg)
     return rank, world, device
 
 
@@ -109,10 +108,10 @@ def build_training(cfg, hooks=()):
     if rank == 0:
         save_config(cfg, os.path.join(cfg.global_.output_dir, "config.yaml"))
         log.info("model %s: %d parameters; %d train images, %d val images; global batch %d (%d x %d ranks x %d "
-                 "accumulate), peak lr %.4f, %d steps/epoch; device %s; amp %s",
+                 "accumulate), peak lr %.4f, %d steps/epoch; device %s (%d CPU threads); amp %s",
                  cfg.model.name, count_params(raw_model), train_loader.num_images, val_loader.num_images,
                  global_batch, cfg.data.batch_size, world, cfg.train.accumulate, scaled_lr(cfg, global_batch),
-                 steps, device, amp_plan.dtype if amp_plan.enabled else "off (float32)")
+                 steps, device, cfg.global_.cpu_threads, amp_plan.dtype if amp_plan.enabled else "off (float32)")
     return trainer
 
 

@@ -779,6 +779,7 @@ def _setup(cfg):
     setup_logging(rank)
     device = resolve_device(cfg.global_.device)
     paddle.set_device(device)
+    dist.configure_cpu_threads(cfg)
     return rank, world, device
 
 
@@ -881,10 +882,10 @@ def build_static_training(cfg, hooks=()) -> StaticTrainer:
     if rank == 0:
         save_config(cfg, os.path.join(cfg.global_.output_dir, "config.yaml"))
         log.info("model %s: %d parameters; %d train images, %d val images; global batch %d (%d x %d ranks x %d "
-                 "accumulate), peak lr %.4f, %d steps/epoch; device %s; amp %s; graph static (%s)",
+                 "accumulate), peak lr %.4f, %d steps/epoch; device %s (%d CPU threads); amp %s; graph static (%s)",
                  cfg.model.name, n_params, train_loader.num_images, val_loader.num_images,
                  global_batch, cfg.data.batch_size, world, cfg.train.accumulate, scaled_lr(cfg, global_batch),
-                 steps, device, amp.dtype if amp.enabled else "off (float32)", ir_name())
+                 steps, device, cfg.global_.cpu_threads, amp.dtype if amp.enabled else "off (float32)", ir_name())
     return trainer
 
 

@@ -1,0 +1,46 @@
+"""tools/benchmark.py train plumbing: interleaved rounds, per-case step counts and ratios, and the
+PyTorch worker process (when torch is installed). Speeds themselves are not asserted."""
+import importlib.util
+
+import pytest
+
+from ppdlx.benchmarks.train import measure
+from ppdlx.config import load_config
+
+
+class _Counter:
+    def __init__(self, seconds_per_step, steps_scale=1.0):
+        self.seconds_per_step, self.steps_scale, self.calls = seconds_per_step, steps_scale, []
+
+    def run(self, steps):
+        self.calls.append(steps)
+        return self.seconds_per_step * steps  # its own timing, as the PyTorch worker reports
+
+
+def _cfg(tmp_path):
+    return load_config("configs/demo/rn50_demo.yaml", [
+        "data.backend=synthetic", "data.batch_size=2", "data.transforms.crop_size=32", "ema.enabled=false",
+        "amp.enabled=false", "model.name=resnet18_bottleneck_tiny", f"global.output_dir={tmp_path}"])
+
+
+def test_measure_counts_steps_and_ratios(tmp_path):
+    fast, slow = _Counter(0.5), _Counter(2.0, steps_scale=0.25)
+    rows = measure(_cfg(tmp_path), steps=8, warmup=4, rounds=2, cases=("ppdlx",),
+                   extra_runners={"fast": fast, "slow": slow})
+    by = {r["case"]: r for r in rows}
+    assert fast.calls == [4, 4, 4] and slow.calls == [1, 1, 1]  # warm-up, then 2 rounds of 8 // 2 (x 0.25)
+    assert by["fast"]["steps"] == 8 and by["slow"]["steps"] == 2
+    assert by["fast"]["images_per_s"] == pytest.approx(2 / 0.5) and by["slow"]["images_per_s"] == pytest.approx(1.0)
+    assert by["slow"]["ppdlx_vs_this"] == pytest.approx(by["ppdlx"]["images_per_s"] / 1.0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is a benchmark-only extra")
+def test_torch_worker_trains_in_its_own_process():
+    from ppdlx.benchmarks.torch_compare import TorchWorker
+    worker = TorchWorker(batch=2, size=32, num_classes=10, threads=1)
+    try:
+        seconds = [worker.run("torch eager float32", 1) for _ in range(2)]
+    finally:
+        worker.close()
+    assert all(0 < s < 60 for s in seconds)
+    assert worker.facts["torch_threads"] == 1 and worker.proc.returncode == 0

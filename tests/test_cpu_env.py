@@ -1,0 +1,54 @@
+"""ppdlx's fast CPU settings (MKL_DEBUG_CPU_TYPE=5, all usable cores) compute the same training
+losses as paddle's plain defaults (no MKL override, 1 thread) on a fixed batch (issue 9).
+
+Each setting runs in its own process: MKL reads its environment when paddle loads."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = r"""
+import json, os, sys
+from ppdlx.config import load_config
+from ppdlx.cpu_env import apply_cpu_environment
+cfg = load_config(os.path.join("configs", "demo", "rn50_demo.yaml"), json.loads(sys.argv[1]))
+apply_cpu_environment(cfg)
+import paddle
+from ppdlx.engine.run import build_training
+paddle.seed(0)
+trainer = build_training(cfg)
+batch = next(iter(trainer.train_loader))
+losses = []
+for step in range(3):
+    loss, _ = trainer.objective(trainer.model, batch, 0, step)
+    losses.append(float(loss))
+    loss.backward()
+    trainer._optimizer_step()
+saved = open(os.path.join(cfg.global_.output_dir, "config.yaml")).read()
+print(json.dumps({"losses": losses, "mkl": os.environ.get("MKL_DEBUG_CPU_TYPE"),
+                  "threads": cfg.global_.cpu_threads, "saved_threads": "cpu_threads: %d" % cfg.global_.cpu_threads in saved}))
+"""
+
+
+def _run(tmp_path, name, overrides):
+    overrides = ["data.backend=synthetic", "data.batch_size=8", "amp.enabled=false", "ema.enabled=false",
+                 f"global.output_dir={tmp_path / name}", *overrides]
+    env = {k: v for k, v in os.environ.items() if k != "MKL_DEBUG_CPU_TYPE"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(overrides)], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_fast_cpu_settings_give_the_plain_losses(tmp_path):
+    plain = _run(tmp_path, "plain", ["global.mkl_debug_cpu_type=null", "global.cpu_threads=1"])
+    fast = _run(tmp_path, "fast", [])  # the defaults: MKL_DEBUG_CPU_TYPE=5, cpu_threads=null -> all cores
+    assert plain["mkl"] is None and fast["mkl"] == "5"
+    assert plain["threads"] == 1 and fast["threads"] == len(os.sched_getaffinity(0))
+    assert plain["saved_threads"] and fast["saved_threads"]  # the resolved value is in the run's config.yaml
+    for a, b in zip(plain["losses"], fast["losses"]):
+        assert abs(a - b) <= 1e-4 * abs(a), (plain["losses"], fast["losses"])
+    assert fast["losses"][-1] != fast["losses"][0]  # the optimizer steps changed the weights
