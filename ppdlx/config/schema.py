@@ -21,7 +21,8 @@ class GlobalConfig(Section):
     seed: int = 42
     device: Literal["auto", "cpu", "gpu"] = "auto"
     log_interval: int = Field(10, ge=1)
-    # CPU threads for paddle's math library; null = leave paddle's default.
+    # CPU threads for paddle's math library; null = the usable cores divided by the processes of
+    # the job on this machine (paddle's own default is 1 thread). The resolved number is saved.
     cpu_threads: Optional[int] = Field(None, ge=1)
     # MKL_DEBUG_CPU_TYPE for MKL's vendor check (5 = AVX2 paths on AMD CPUs: ~2x faster training
     # here, outputs unchanged); applied by the tools before paddle loads; null = leave the env alone.
@@ -235,6 +236,11 @@ class DetectionConfig(Section):
     # before each evaluation during training, re-estimate the BN running statistics of the weights
     # being evaluated (EMA or raw) from this many training batches ("precise BN"); 0 = off
     precise_bn_batches: int = Field(0, ge=0)
+    # BatchNorm layers whose feature maps have at most this many pixels (h * w) at data.coco.image_size
+    # keep fixed statistics (mean 0, variance 1: a per-channel affine) in training and eval. Small CPU
+    # inputs make P6/P7 1x1 maps whose batch statistics are degenerate (variance ~0) and make eval
+    # explode; 0 = off (the reference at 512 px has no such layers)
+    freeze_bn_max_pixels: int = Field(0, ge=0)
 
 
 class ExportConfig(Section):

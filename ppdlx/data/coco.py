@@ -361,7 +361,18 @@ class CocoLoader:
         return len(self.batch_sampler)
 
     def __iter__(self):
-        for images, boxes, classes, ids, scales, skipped in self._loader:
+        it = iter(self._loader)
+        try:
+            yield from self._batches(it)
+        finally:
+            # A consumer that stops early (steps_per_epoch, precise BN) would otherwise leave the
+            # worker processes of this pass alive until the iterator is garbage collected.
+            shutdown = getattr(it, "_try_shutdown_all", None)
+            if shutdown is not None:
+                shutdown()
+
+    def _batches(self, it):
+        for images, boxes, classes, ids, scales, skipped in it:
             for index in [i for i in np.asarray(skipped).reshape(-1).tolist() if i >= 0]:
                 path = self.dataset.records[index]["path"]
                 if path not in self.skipped_files:

@@ -94,8 +94,8 @@ def make_split(out_dir, split, num_images, seed, size_range=(96, 160), object_ra
     return path
 
 
-def make_synthetic_coco(out_dir, num_train=256, num_val=64, seed=0, size_range=(96, 160),
-                        object_range=(0.25, 0.6), max_objects=3):
+def make_synthetic_coco(out_dir, num_train=256, num_val=32, seed=5, size_range=(64, 96),
+                        object_range=(0.35, 0.7), max_objects=2):
     """Train and val splits (different seeds); returns ``{"train": json, "val": json}``."""
     return {split: make_split(out_dir, split, n, seed * 2 + k, size_range, object_range, max_objects)
             for k, (split, n) in enumerate((("train", num_train), ("val", num_val)))}

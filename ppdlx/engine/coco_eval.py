@@ -101,7 +101,8 @@ def recompute_bn_stats(model, loader, num_batches: int) -> int:
     momentum-averaged statistics lag behind fast-changing weights in short runs). Averaged over
     ranks. Returns the number of batches used."""
     from paddle.nn.layer.norm import _BatchNormBase
-    bns = [layer for layer in model.sublayers(include_self=True) if isinstance(layer, _BatchNormBase)]
+    bns = [layer for layer in model.sublayers(include_self=True)
+           if isinstance(layer, _BatchNormBase) and not getattr(layer, "_use_global_stats", False)]
     if not bns or num_batches <= 0:
         return 0
     momenta = [bn._momentum for bn in bns]

@@ -20,6 +20,7 @@ import logging
 import os
 import time
 
+import numpy as np
 import paddle
 
 from ppdlx.config import save_config
@@ -102,6 +103,35 @@ def set_bn_momentum(model, momentum: float) -> int:
     return count
 
 
+@paddle.no_grad()
+def freeze_small_bn(model, image_size: int, max_pixels: int) -> int:
+    """BatchNorm layers whose output maps have ``<= max_pixels`` pixels for a square ``image_size``
+    input use fixed statistics (their initial mean 0 / variance 1) in training and eval."""
+    from paddle.nn.layer.norm import _BatchNormBase
+    small, hooks = set(), []
+    for name, layer in model.named_sublayers():
+        if isinstance(layer, _BatchNormBase):
+            def hook(layer, inputs, output, name=name):
+                spatial = output.shape[2:] if layer._data_format in ("NCHW", "NCL", "NCDHW") else output.shape[1:-1]
+                if int(np.prod(spatial)) <= max_pixels:
+                    small.add(name)
+            hooks.append(layer.register_forward_post_hook(hook))
+    was_training = model.training
+    model.eval()
+    shape = [1, 3, image_size, image_size] if model.data_format == "NCHW" else [1, image_size, image_size, 3]
+    model(paddle.zeros(shape))
+    for h in hooks:
+        h.remove()
+    for name, layer in model.named_sublayers():
+        if name in small:
+            layer._use_global_stats = True
+            layer._mean.set_value(paddle.zeros_like(layer._mean))
+            layer._variance.set_value(paddle.ones_like(layer._variance))
+    if was_training:
+        model.train()
+    return len(small)
+
+
 def build_postprocess(cfg, model):
     from ppdlx.models.detection import EfficientDetPostProcess
     d = cfg.detection
@@ -145,6 +175,10 @@ def build_detection_training(cfg, hooks=()):
     model = build_detection_model(cfg, num_classes)
     if cfg.detection.bn_momentum is not None:
         set_bn_momentum(model, cfg.detection.bn_momentum)
+    if cfg.detection.freeze_bn_max_pixels:
+        frozen = freeze_small_bn(model, cfg.data.coco.image_size, cfg.detection.freeze_bn_max_pixels)
+        log.info("detection.freeze_bn_max_pixels=%d: %d BatchNorm layers on maps of <= %d pixels keep fixed "
+                 "statistics", cfg.detection.freeze_bn_max_pixels, frozen, cfg.detection.freeze_bn_max_pixels)
     if cfg.model.weights and not cfg.train.resume:
         missing = ckpt.load_weights(model, cfg.model.weights)
         log.info("loaded weights %s (%d parameters not in the file)", cfg.model.weights, len(missing))
@@ -182,10 +216,11 @@ def build_detection_training(cfg, hooks=()):
         save_config(cfg, os.path.join(cfg.global_.output_dir, "config.yaml"))
         write_classes(os.path.join(cfg.global_.output_dir, "classes.json"), train_loader)
         log.info("model %s: %d parameters, %d classes, input %dx%d; %d train images, %d val images; global batch "
-                 "%d (%d x %d ranks x %d accumulate), peak lr %.4f, %d steps/epoch; device %s; amp %s",
+                 "%d (%d x %d ranks x %d accumulate), peak lr %.4f, %d steps/epoch; device %s (%d CPU threads); amp %s",
                  cfg.model.name, count_params(raw_model), num_classes, cfg.data.coco.image_size,
                  cfg.data.coco.image_size, train_loader.num_images, val_loader.num_images, global_batch,
                  cfg.data.batch_size, world, cfg.train.accumulate, scaled_lr(cfg, global_batch), steps, device,
+                 cfg.global_.cpu_threads,
                  amp_plan.dtype if amp_plan.enabled else "off (float32)")
     return trainer
 

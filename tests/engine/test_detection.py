@@ -141,3 +141,19 @@ def test_two_process_eval_gathers_every_image_once(shapes, tmp_path):
     assert len(dist_dets) == len(single_dets)
     assert sorted(map(key, dist_dets)) == sorted(map(key, single_dets))
     assert abs(dist_report["AP"] - single_report["AP"]) < 1e-6
+
+
+def test_freeze_small_bn_keeps_fixed_statistics():
+    from ppdlx.engine.coco_eval import recompute_bn_stats
+    from ppdlx.engine.detection import freeze_small_bn
+    from ppdlx.models import MODELS
+    paddle.seed(0)
+    model = MODELS.build("efficientdet_d0", num_classes=3, image_size=64)
+    # at 64 px: P5 2x2, P6/P7 1x1 -> the BiFPN nodes, resamplers and per-level head BNs there
+    assert freeze_small_bn(model, 64, 4) == 50
+    frozen = [l for l in model.sublayers() if getattr(l, "_use_global_stats", False)]
+    model.train()
+    model(paddle.randn([2, 3, 64, 64]) * 3 + 1)
+    recompute_bn_stats(model, [(paddle.randn([2, 3, 64, 64]) * 3 + 1,)], 1)
+    assert all(float(l._mean.abs().max()) == 0 and float((l._variance - 1).abs().max()) == 0 for l in frozen)
+    assert float(model.backbone.stem.bn._mean.abs().max()) > 0  # the others still learn statistics

