@@ -187,7 +187,8 @@ def test_file_root_labels_are_sorted_folder_indices(tree):
         assert abs(red - (40 + 80 * int(np.asarray(labels[k])[0]))) < 6
 
 
-def test_corrupt_file_is_skipped_once_by_name(tmp_path, caplog):
+def test_corrupt_file_is_skipped_once_by_name(tmp_path, ppdlx_caplog):
+    caplog = ppdlx_caplog
     root = str(tmp_path)
     _write_tree(root, {"train": 23, "val": 11}, corrupt=[("train", "apple", "bad.jpg"), ("val", "mango", "bad.jpg")])
     val = build_classification_loader(_cfg(root), "val")
