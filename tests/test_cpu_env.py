@@ -1,4 +1,5 @@
-"""ppdlx's fast CPU settings (MKL_DEBUG_CPU_TYPE=5, all usable cores) compute the same training
+"""ppdlx's fast CPU settings (MKL_DEBUG_CPU_TYPE=5, all usable cores, NHWC with 1x1 convs as
+matmuls) compute the same training
 losses as paddle's plain defaults (no MKL override, 1 thread) on a fixed batch (issue 9).
 
 Each setting runs in its own process: MKL reads its environment when paddle loads."""
@@ -19,7 +20,12 @@ import paddle
 from ppdlx.engine.run import build_training
 paddle.seed(0)
 trainer = build_training(cfg)
-batch = next(iter(trainer.train_loader))
+import numpy as np
+rng = np.random.default_rng(0)  # one NCHW batch for both runs, transposed when the run trains in NHWC
+images = rng.standard_normal((8, 3, 32, 32)).astype("float32")
+if cfg.model.data_format == "NHWC":
+    images = images.transpose(0, 2, 3, 1)
+batch = (paddle.to_tensor(images), paddle.to_tensor(rng.integers(0, 10, 8)))
 losses = []
 for step in range(3):
     loss, _ = trainer.objective(trainer.model, batch, 0, step)
@@ -27,7 +33,7 @@ for step in range(3):
     loss.backward()
     trainer._optimizer_step()
 saved = open(os.path.join(cfg.global_.output_dir, "config.yaml")).read()
-print(json.dumps({"losses": losses, "mkl": os.environ.get("MKL_DEBUG_CPU_TYPE"),
+print(json.dumps({"losses": losses, "mkl": os.environ.get("MKL_DEBUG_CPU_TYPE"), "layout": cfg.model.data_format,
                   "threads": cfg.global_.cpu_threads, "saved_threads": "cpu_threads: %d" % cfg.global_.cpu_threads in saved}))
 """
 
@@ -44,9 +50,12 @@ def _run(tmp_path, name, overrides):
 
 
 def test_fast_cpu_settings_give_the_plain_losses(tmp_path):
-    plain = _run(tmp_path, "plain", ["global.mkl_debug_cpu_type=null", "global.cpu_threads=1"])
-    fast = _run(tmp_path, "fast", [])  # the defaults: MKL_DEBUG_CPU_TYPE=5, cpu_threads=null -> all cores
+    plain = _run(tmp_path, "plain", ["global.mkl_debug_cpu_type=null", "global.cpu_threads=1",
+                                     "global.cpu_fast_kernels=false"])
+    # the defaults: MKL_DEBUG_CPU_TYPE=5, cpu_threads=null -> all cores, NHWC with 1x1 convs as matmuls
+    fast = _run(tmp_path, "fast", [])
     assert plain["mkl"] is None and fast["mkl"] == "5"
+    assert plain["layout"] == "NCHW" and fast["layout"] == "NHWC"
     assert plain["threads"] == 1 and fast["threads"] == len(os.sched_getaffinity(0))
     assert plain["saved_threads"] and fast["saved_threads"]  # the resolved value is in the run's config.yaml
     for a, b in zip(plain["losses"], fast["losses"]):

@@ -6,6 +6,7 @@ excluded). Extra cases plug in through ``EXTRA_CASES`` (name -> module:function)
 """
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 import os
@@ -95,16 +96,15 @@ def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare"), extra_runners=N
     ``extra_runners``: name -> runner with ``run(steps)`` and an optional ``steps_scale`` (slow
     cases run fewer steps per round)."""
     batch = cfg.data.batch_size
+    bare_cfg = copy.deepcopy(cfg)  # the configured layout: the trainer may pick another on CPU
     runners = {}
     if "ppdlx" in cases:
         runners["ppdlx"] = _Trainer(cfg)
     if "bare" in cases:
-        loader = runners["ppdlx"].loader if "ppdlx" in runners else None
-        if loader is None:
-            from ppdlx.data.loader import SyntheticLoader
-            loader = SyntheticLoader(batch, batch, cfg.model.num_classes, cfg.data.transforms.crop_size,
-                                     cfg.model.data_format, cfg.global_.seed)
-        runners["bare"] = _BareLoop(cfg, loader.images, loader.labels)
+        from ppdlx.data.loader import SyntheticLoader
+        loader = SyntheticLoader(batch, batch, bare_cfg.model.num_classes, bare_cfg.data.transforms.crop_size,
+                                 bare_cfg.model.data_format, bare_cfg.global_.seed)
+        runners["bare"] = _BareLoop(bare_cfg, loader.images, loader.labels)
     runners.update(extra_runners or {})
     per_round = max(1, steps // rounds)
     steps_of = {name: max(1, round(per_round * getattr(r, "steps_scale", 1.0))) for name, r in runners.items()}
@@ -145,7 +145,7 @@ def run(args):
         if worker is not None:
             worker.close()
     from ppdlx.engine.dist import configure_cpu_threads
-    notes = [f"config {args.config}; model {cfg.model.name} {cfg.model.data_format}; batch {cfg.data.batch_size} "
+    notes = [f"config {args.config}; model {cfg.model.name} (ppdlx trained it in {cfg.model.data_format}); batch {cfg.data.batch_size} "
              f"at {cfg.data.transforms.crop_size} px; {args.steps} steps in {args.rounds} interleaved rounds; "
              f"{configure_cpu_threads(cfg)} CPU threads; MKL_DEBUG_CPU_TYPE={os.environ.get('MKL_DEBUG_CPU_TYPE')}"]
     if worker is not None:

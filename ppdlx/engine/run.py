@@ -17,6 +17,7 @@ from ppdlx.engine.ema import ModelEMA
 from ppdlx.engine.evaluator import ClassificationEvaluator
 from ppdlx.engine.logger import setup_logging
 from ppdlx.engine.objectives import ClassificationObjective
+from ppdlx.engine.cpu_kernels import conv1x1_as_matmul, plan_fast_cpu_kernels
 from ppdlx.engine.trainer import Trainer
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.losses import build_loss
@@ -45,6 +46,7 @@ def build_training(cfg, hooks=()):
     rank, world, device = _setup(cfg)
     if cfg.train.graph == "static":
         raise UnsupportedError("train.graph=static: use ppdlx.engine.static_trainer (tools/train.py dispatches it)")
+    fast_cpu = plan_fast_cpu_kernels(cfg, device)
     amp_plan = plan_amp(cfg.amp, device)
     if amp_plan.note:
         log.info(amp_plan.note)
@@ -63,6 +65,8 @@ def build_training(cfg, hooks=()):
     val_loader = build_classification_loader(cfg, "val", rank, world, batch_size=cfg.eval.batch_size,
                                              classes=classes)
     model = build_model(cfg)
+    if fast_cpu:
+        log.info("global.cpu_fast_kernels: %d 1x1 convs run as matmuls", conv1x1_as_matmul(model))
     if cfg.model.weights and not cfg.train.resume:
         missing = ckpt.load_weights(model, cfg.model.weights)
         log.info("loaded weights %s (%d parameters not in the file)", cfg.model.weights, len(missing))

@@ -29,7 +29,9 @@ def overrides(root, out, graph, *extra):
             "model.name=resnet18_bottleneck_tiny", "model.num_classes=4", "data.batch_size=8", "data.workers=0",
             "data.transforms.crop_size=32", "data.transforms.resize_short=32", "data.transforms.random=false",
             "train.mixup_alpha=0", "amp.enabled=false", "train.epochs=2", "train.steps_per_epoch=3",
-            "lr.base_lr=0.1", "lr.scale_with_batch=false", "lr.warmup_epochs=0.5", f"train.graph={graph}", *extra]
+            "lr.base_lr=0.1", "lr.scale_with_batch=false", "lr.warmup_epochs=0.5", f"train.graph={graph}",
+            "global.cpu_fast_kernels=false",  # static and dynamic compared on the same CPU kernels
+            *extra]
 
 
 def train_recording(cfg):

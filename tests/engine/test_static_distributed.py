@@ -30,7 +30,8 @@ def launch(tree, tmp_path, graph):
          str(out / "log"), os.path.join(ROOT, "tools", "train.py"), "-c", DEMO, "--report", str(out / "report.json"),
          "-o", f"data.root={tree}", "model.name=resnet18_bottleneck_tiny", "model.num_classes=3", "data.workers=0",
          "global.device=cpu", "amp.enabled=false", f"global.output_dir={out}", "data.batch_size=4",
-         "train.epochs=2", "lr.base_lr=0.05", "lr.scale_with_batch=false", f"train.graph={graph}"],
+         "train.epochs=2", "lr.base_lr=0.05", "lr.scale_with_batch=false", f"train.graph={graph}",
+         "global.cpu_fast_kernels=false"],  # same CPU kernels in both graph modes
         capture_output=True, text=True, timeout=600, cwd=ROOT)
     logs = "".join(open(out / "log" / f).read() for f in os.listdir(out / "log") if f.startswith("workerlog"))
     assert proc.returncode == 0, logs[-3000:]
