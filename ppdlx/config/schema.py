@@ -237,7 +237,8 @@ class DetectionConfig(Section):
     # a smaller m lets the eval statistics catch up within a few hundred steps.
     bn_momentum: Optional[float] = Field(None, gt=0.0, lt=1.0)
     # before each evaluation during training, re-estimate the BN running statistics of the weights
-    # being evaluated (EMA or raw) from this many training batches ("precise BN"); 0 = off
+    # being evaluated (EMA or raw) from this many batches of training images passed through the
+    # evaluation transform (eval.batch_size each; "precise BN"); 0 = off
     precise_bn_batches: int = Field(0, ge=0)
     # BatchNorm layers whose feature maps have at most this many pixels (h * w) at data.coco.image_size
     # keep fixed statistics (mean 0, variance 1: a per-channel affine) in training and eval. Small CPU

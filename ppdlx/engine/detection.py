@@ -14,6 +14,7 @@ loaders (``ppdlx.data.coco``), ``EfficientDetLoss`` as the objective, and ``Coco
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import logging
@@ -139,10 +140,23 @@ def build_postprocess(cfg, model):
                                               iou_threshold=d.iou_threshold, score_threshold=d.score_threshold)
 
 
-def build_evaluator(cfg, model, val_loader, amp_plan=None, results_name="detections_val.json", train_loader=None):
+def build_precise_bn_loader(cfg, rank, world, cat_ids):
+    """Training images through the *evaluation* transform, ``eval.batch_size`` per batch: BN
+    statistics for evaluation must come from inputs like the evaluated ones. Measured on the
+    synthetic demo: AP 0.57 with these statistics vs 0.30 from augmented training batches of
+    the same size and 0.07 from the momentum-averaged running statistics (docs/detection.md)."""
+    bn_cfg = copy.deepcopy(cfg)
+    bn_cfg.data.coco.val_json = cfg.data.coco.train_json
+    bn_cfg.data.coco.val_images = cfg.data.coco.train_images
+    return build_coco_loader(bn_cfg, "val", rank, world, batch_size=cfg.eval.batch_size, cat_ids=cat_ids)
+
+
+def build_evaluator(cfg, model, val_loader, amp_plan=None, results_name="detections_val.json",
+                    precise_bn_loader=None):
     d = cfg.detection
     results = os.path.join(cfg.global_.output_dir, results_name) if d.save_results else None
-    precise_bn = (train_loader, d.precise_bn_batches) if train_loader is not None and d.precise_bn_batches else None
+    precise_bn = (precise_bn_loader, d.precise_bn_batches) if precise_bn_loader is not None and d.precise_bn_batches \
+        else None
     return CocoEvaluator(val_loader, build_postprocess(cfg, model), val_loader.coco_gt, val_loader.cat_ids,
                          nms=d.nms, soft_nms_sigma=d.soft_nms_sigma, score_threshold=d.score_threshold,
                          results_path=results, amp_plan=amp_plan, precise_bn=precise_bn)
@@ -197,7 +211,9 @@ def build_detection_training(cfg, hooks=()):
     ema = ModelEMA(raw_model, cfg.ema.decay, cfg.ema.dynamic_decay) if cfg.ema.enabled else None
     if world > 1:
         model = paddle.DataParallel(model)
-    evaluator = build_evaluator(cfg, raw_model, val_loader, amp_plan, train_loader=train_loader)
+    bn_loader = build_precise_bn_loader(cfg, rank, world, train_loader.cat_ids) if cfg.detection.precise_bn_batches \
+        else None
+    evaluator = build_evaluator(cfg, raw_model, val_loader, amp_plan, precise_bn_loader=bn_loader)
     trainer = Trainer(
         model=model, raw_model=raw_model, optimizer=optimizer, lr_schedule=lr_schedule, objective=objective,
         train_loader=train_loader, evaluator=evaluator, output_dir=cfg.global_.output_dir, epochs=cfg.train.epochs,

@@ -157,3 +157,16 @@ def test_freeze_small_bn_keeps_fixed_statistics():
     recompute_bn_stats(model, [(paddle.randn([2, 3, 64, 64]) * 3 + 1,)], 1)
     assert all(float(l._mean.abs().max()) == 0 and float((l._variance - 1).abs().max()) == 0 for l in frozen)
     assert float(model.backbone.stem.bn._mean.abs().max()) > 0  # the others still learn statistics
+
+
+def test_precise_bn_batches_are_training_images_through_the_eval_transform(shapes, tmp_path):
+    from ppdlx.data.coco import build_coco_loader
+    from ppdlx.engine.detection import build_precise_bn_loader
+    cfg = load_config(DEMO, _overrides(shapes, tmp_path, "eval.batch_size=6"))
+    loader = build_precise_bn_loader(cfg, 0, 1, None)
+    first = [b[0].numpy() for b in loader]
+    again = [b[0].numpy() for b in loader]
+    assert [len(x) for x in first] == [6, 6, 4]  # the 16 training images, each once
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))  # no augmentation
+    val = build_coco_loader(cfg, "val", batch_size=6)
+    assert val.num_images == 5 and loader.num_images == 16
