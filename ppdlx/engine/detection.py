@@ -255,8 +255,13 @@ def evaluate(cfg) -> dict:
         raise ConfigError("model.weights is not set: pass -o model.weights=<checkpoint prefix>")
     loader = build_coco_loader(cfg, "val", rank, world, batch_size=cfg.eval.batch_size)
     model = build_detection_model(cfg, check_num_classes(cfg, loader))
+    if cfg.detection.freeze_bn_max_pixels:
+        freeze_small_bn(model, cfg.data.coco.image_size, cfg.detection.freeze_bn_max_pixels)
     ckpt.load_weights(model, cfg.model.weights)
     start = time.perf_counter()
-    metrics = build_evaluator(cfg, model, loader)(model)
+    # the same precise-BN statistics as the evaluations during training (none when it is 0)
+    bn_loader = build_precise_bn_loader(cfg, rank, world, loader.cat_ids) if cfg.detection.precise_bn_batches \
+        else None
+    metrics = build_evaluator(cfg, model, loader, precise_bn_loader=bn_loader)(model)
     metrics["seconds"] = time.perf_counter() - start
     return {k: metrics[k] for k in REPORT_KEYS}

@@ -36,6 +36,12 @@ class ModelEMA:
         try:
             yield model
         finally:
+            # Buffers re-estimated for the EMA weights while swapped in ("precise BN" before a
+            # detection eval) belong to those weights: keep them. Eval-mode forwards leave them as is.
+            with paddle.no_grad():
+                for k, v in model.state_dict().items():
+                    if k in self.shadow and v.stop_gradient:  # BN statistics (and frozen weights: unchanged)
+                        self.shadow[k].set_value(v.detach().astype("float32"))
             model.set_state_dict(backup)
 
     def state_dict(self):

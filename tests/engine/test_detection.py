@@ -124,7 +124,9 @@ def test_two_process_eval_gathers_every_image_once(shapes, tmp_path):
     single-process run's."""
     from ppdlx.engine.run import evaluate
     _save_random_weights(str(tmp_path / "w"))
-    overrides = _overrides(shapes, str(tmp_path / "d"), f"model.weights={tmp_path}/w", "eval.batch_size=2")
+    # precise BN off: its statistics come from precise_bn_batches per rank, so they depend on the world size
+    overrides = _overrides(shapes, str(tmp_path / "d"), f"model.weights={tmp_path}/w", "eval.batch_size=2",
+                           "detection.precise_bn_batches=0")
     proc = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
                            str(tmp_path / "log"), os.path.join(ROOT, "tools", "eval.py"), "-c", DEMO, "--report",
                            str(tmp_path / "d.json"), "-o", *overrides],
@@ -134,7 +136,7 @@ def test_two_process_eval_gathers_every_image_once(shapes, tmp_path):
     dist_report = json.loads((tmp_path / "d.json").read_text())
     dist_dets = json.loads((tmp_path / "d" / "detections_val.json").read_text())
     single_report = evaluate(load_config(DEMO, _overrides(shapes, str(tmp_path / "s"), f"model.weights={tmp_path}/w",
-                                                          "eval.batch_size=2")))
+                                                          "eval.batch_size=2", "detection.precise_bn_batches=0")))
     single_dets = json.loads((tmp_path / "s" / "detections_val.json").read_text())
     assert dist_report["images"] == single_report["images"] == 5
     key = lambda d: (d["image_id"], d["category_id"], round(d["score"], 4), tuple(round(v, 1) for v in d["bbox"]))  # noqa
