@@ -27,9 +27,10 @@ class GlobalConfig(Section):
     # MKL_DEBUG_CPU_TYPE for MKL's vendor check (5 = AVX2 paths on AMD CPUs: ~2x faster training
     # here, outputs unchanged); applied by the tools before paddle loads; null = leave the env alone.
     mkl_debug_cpu_type: Optional[int] = 5
-    # CPU dynamic-graph classification training: NHWC with 1x1 convs as one matmul each (~1.2x
-    # faster ResNet50 steps; ppdlx/engine/cpu_kernels.py). Sets model.data_format=NHWC for the run.
-    cpu_fast_kernels: bool = True
+    # CPU dynamic-graph classification training in NHWC with 1x1 convs as one matmul each
+    # (ppdlx/engine/cpu_kernels.py; sets model.data_format=NHWC for the run). Off: measured 0.91x to
+    # 1.22x of plain NCHW depending on machine load, not a reliable gain (docs/cpu_speed.md).
+    cpu_fast_kernels: bool = False
 
 
 class ModelConfig(Section):
