@@ -52,10 +52,12 @@ from ppdlx.config import save_config
 from ppdlx.data.loader import build_classification_loader
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine import dist
+from ppdlx.engine.run import _classes_of
+from ppdlx.engine.run import _setup as run_setup
 from ppdlx.engine.amp import AmpPlan, plan_amp
-from ppdlx.engine.builders import build_model, count_params, resolve_device, seed_everything
+from ppdlx.engine.builders import build_model, count_params, seed_everything
 from ppdlx.engine.evaluator import ClassificationEvaluator
-from ppdlx.engine.logger import MetricLogger, format_eta, setup_logging
+from ppdlx.engine.logger import MetricLogger, format_eta
 from ppdlx.engine.trainer import NonFiniteLossError
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.losses import build_loss
@@ -775,18 +777,7 @@ def _setup(cfg):
     if dist.world_size() > 1:
         from paddle.distributed import fleet
         fleet.init(is_collective=True)  # collective context for the all_reduce ops in the program
-    rank, world = dist.init()
-    setup_logging(rank)
-    device = resolve_device(cfg.global_.device)
-    paddle.set_device(device)
-    dist.configure_cpu_threads(cfg)
-    return rank, world, device
-
-
-def _classes_of(loader):
-    if getattr(loader, "classes", None) is not None:
-        return loader.classes
-    return getattr(getattr(loader, "dataset", None), "classes", None)
+    return run_setup(cfg)
 
 
 def onednn_flag() -> Optional[str]:
