@@ -1,6 +1,6 @@
-"""ppdlx's fast CPU settings (MKL_DEBUG_CPU_TYPE=5, all usable cores; optionally NHWC with 1x1
-convs as matmuls) compute the same training
-losses as paddle's plain defaults (no MKL override, 1 thread) on a fixed batch (issue 9).
+"""ppdlx's fast CPU settings (MKL_DEBUG_CPU_TYPE=5, all usable cores, NHWC with oneDNN convs and
+1x1 convs as matmuls) compute the same training losses as paddle's plain defaults (no MKL override,
+1 thread, NCHW conv kernels) on a fixed batch (issue 9).
 
 Each setting runs in its own process: MKL reads its environment when paddle loads."""
 import json
@@ -33,7 +33,8 @@ for step in range(3):
     loss.backward()
     trainer._optimizer_step()
 saved = open(os.path.join(cfg.global_.output_dir, "config.yaml")).read()
-print(json.dumps({"losses": losses, "mkl": os.environ.get("MKL_DEBUG_CPU_TYPE"), "layout": cfg.model.data_format,
+print(json.dumps({"losses": losses, "fast_kernels": cfg.global_.cpu_fast_kernels,
+                  "saved_fast_kernels": "cpu_fast_kernels: %s" % str(cfg.global_.cpu_fast_kernels).lower() in saved, "mkl": os.environ.get("MKL_DEBUG_CPU_TYPE"), "layout": cfg.model.data_format,
                   "threads": cfg.global_.cpu_threads, "saved_threads": "cpu_threads: %d" % cfg.global_.cpu_threads in saved}))
 """
 
@@ -52,13 +53,14 @@ def _run(tmp_path, name, overrides):
 def test_fast_cpu_settings_give_the_plain_losses(tmp_path):
     plain = _run(tmp_path, "plain", ["global.mkl_debug_cpu_type=null", "global.cpu_threads=1",
                                      "global.cpu_fast_kernels=false"])
-    fast = _run(tmp_path, "fast", [])  # the defaults: MKL_DEBUG_CPU_TYPE=5, cpu_threads=null -> all cores
-    matmul = _run(tmp_path, "matmul", ["global.cpu_fast_kernels=true"])  # + NHWC, 1x1 convs as matmuls
-    assert plain["mkl"] is None and fast["mkl"] == "5"
-    assert plain["layout"] == fast["layout"] == "NCHW" and matmul["layout"] == "NHWC"
-    assert plain["threads"] == 1 and fast["threads"] == len(os.sched_getaffinity(0))
+    nchw = _run(tmp_path, "nchw", ["global.cpu_fast_kernels=false"])  # MKL_DEBUG_CPU_TYPE=5, all cores
+    fast = _run(tmp_path, "fast", [])  # the defaults: + cpu_fast_kernels=auto -> NHWC, oneDNN convs, matmuls
+    assert plain["mkl"] is None and nchw["mkl"] == fast["mkl"] == "5"
+    assert plain["layout"] == nchw["layout"] == "NCHW" and fast["layout"] == "NHWC"
+    assert fast["fast_kernels"] is True and fast["saved_fast_kernels"]  # auto resolved and saved as true
+    assert plain["threads"] == 1 and nchw["threads"] == fast["threads"] == len(os.sched_getaffinity(0))
     assert plain["saved_threads"] and fast["saved_threads"]  # the resolved value is in the run's config.yaml
-    for run in (fast, matmul):
+    for run in (nchw, fast):
         for a, b in zip(plain["losses"], run["losses"]):
             assert abs(a - b) <= 1e-4 * abs(a), (plain["losses"], run["losses"])
     assert fast["losses"][-1] != fast["losses"][0]  # the optimizer steps changed the weights

@@ -1,11 +1,12 @@
 """Where a CPU training step spends its time: Paddle's profiler, before vs after ppdlx's CPU settings.
 
-``tools/benchmark.py profile -c CFG`` runs the ppdlx trainer on a synthetic batch in two child
+``tools/benchmark.py profile -c CFG`` runs the ppdlx trainer on a synthetic batch in three child
 processes (MKL and thread settings only take effect before paddle loads):
 
-* ``paddle defaults``: no ``MKL_DEBUG_CPU_TYPE`` and paddle's own 1 math thread;
-* ``ppdlx defaults``: ``global.mkl_debug_cpu_type`` (5) and ``global.cpu_threads`` (null = all
-  usable cores),
+* ``paddle defaults``: no ``MKL_DEBUG_CPU_TYPE``, paddle's own 1 math thread, its NCHW conv kernels;
+* ``paddle kernels``: ``global.mkl_debug_cpu_type`` (5) and ``global.cpu_threads`` (null = all
+  usable cores), still paddle's NCHW conv kernels;
+* ``ppdlx defaults``: also ``global.cpu_fast_kernels`` (NHWC, oneDNN convs, 1x1 convs as matmuls),
 
 and lists the top operators by CPU time of each (forward ops are ``<op> dygraph``, backward
 ops ``Global_<Op>GradNode``).
@@ -21,7 +22,8 @@ import time
 import ppdlx
 
 SETTINGS = {
-    "paddle defaults": ["global.mkl_debug_cpu_type=null", "global.cpu_threads=1"],
+    "paddle defaults": ["global.mkl_debug_cpu_type=null", "global.cpu_threads=1", "global.cpu_fast_kernels=false"],
+    "paddle kernels": ["global.cpu_fast_kernels=false"],
     "ppdlx defaults": [],
 }
 

@@ -7,7 +7,7 @@ the key path, the bad value and a "did you mean".
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Literal, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -27,10 +27,11 @@ class GlobalConfig(Section):
     # MKL_DEBUG_CPU_TYPE for MKL's vendor check (5 = AVX2 paths on AMD CPUs: ~2x faster training
     # here, outputs unchanged); applied by the tools before paddle loads; null = leave the env alone.
     mkl_debug_cpu_type: Optional[int] = 5
-    # CPU dynamic-graph classification training in NHWC with 1x1 convs as one matmul each
-    # (ppdlx/engine/cpu_kernels.py; sets model.data_format=NHWC for the run). Off: measured 0.91x to
-    # 1.22x of plain NCHW depending on machine load, not a reliable gain (docs/cpu_speed.md).
-    cpu_fast_kernels: bool = False
+    # CPU dynamic-graph classification training in NHWC, convs through oneDNN and stride-1 1x1 convs
+    # as matmuls (ppdlx/engine/cpu_kernels.py; sets model.data_format=NHWC for the run). auto = on
+    # where it applies and the oneDNN op builds (needs onednn-devel's headers), else one log line;
+    # true = on or an error; false = Paddle's kernels. The decision is saved as true/false.
+    cpu_fast_kernels: Union[bool, Literal["auto"]] = "auto"
 
 
 class ModelConfig(Section):

@@ -1,10 +1,18 @@
 """CPU kernel choices the trainer makes for a model it built (the model itself knows nothing of them).
 
-Paddle 3.3.1's CPU convolution is im2col + one MKL GEMM *per sample*, and NHWC convolutions are
-transposed to NCHW inside the kernel. In NHWC a 1x1 convolution is exactly one GEMM over all
-``N*H*W`` pixels, which ``paddle.matmul`` runs 20-30 % faster than the conv kernel on ResNet50's
-1x1 shapes; a whole ResNet50 v1.5 step trains ~1.2x faster (docs/cpu_speed.md). Weights keep
-their ``[Cout, Cin, 1, 1]`` layout, so checkpoints and exports are unchanged.
+Paddle 3.3.1's CPU convolution is im2col + one MKL GEMM *per sample* (~80 % of a ResNet50 training
+step), and its NHWC convolutions are transposed to NCHW inside the kernel. ``global.cpu_fast_kernels``
+trains in NHWC instead, where
+
+- a stride-1 1x1 convolution is exactly one GEMM over all ``N*H*W`` pixels, which ``paddle.matmul``
+  runs 20-30 % faster than the conv kernel on ResNet50's 1x1 shapes;
+- every other convolution runs through oneDNN's batched NHWC kernels (``ppdlx.ops.onednn``,
+  the oneDNN library inside Paddle's wheel), 1.2-2.2x faster than Paddle's kernels per layer;
+- the BatchNorm (+ ReLU) of ``ConvBNAct`` blocks trains in one oneDNN pass instead of two Paddle
+  kernels (evaluation keeps Paddle's), and max pooling runs through oneDNN too.
+
+Weights keep their ``[Cout, Cin/groups, kh, kw]`` layout, so checkpoints and exports are unchanged
+(docs/cpu_speed.md has the measurements).
 """
 from __future__ import annotations
 
@@ -12,6 +20,10 @@ import logging
 import types
 
 import paddle
+
+from ppdlx.errors import UnsupportedError
+from ppdlx.models.layers import ConvBNAct
+from ppdlx.ops import onednn
 
 log = logging.getLogger("ppdlx")
 
@@ -22,6 +34,10 @@ def _conv1x1_matmul_forward(self, x):
         x = x[:, ::stride, ::stride, :]
     y = paddle.matmul(x, self.weight.reshape(self.weight.shape[:2]), transpose_y=True)
     return y if self.bias is None else y + self.bias
+
+
+def _stride_of(layer) -> int:
+    return layer._stride[0] if isinstance(layer._stride, (list, tuple)) else layer._stride
 
 
 def _is_plain_1x1(layer) -> bool:
@@ -47,16 +63,75 @@ def conv1x1_as_matmul(model) -> int:
     return count
 
 
+def _applies(cfg, device: str) -> str | None:
+    """Why the fast CPU kernels do not apply to this run, or None."""
+    if device != "cpu":
+        return f"device is {device}"
+    if cfg.train.graph != "dynamic":
+        return f"train.graph={cfg.train.graph} (dynamic graph only)"
+    if cfg.distill.enabled:
+        return "distillation is on (the teacher keeps its own layout)"
+    return None
+
+
 def plan_fast_cpu_kernels(cfg, device: str) -> bool:
-    """``global.cpu_fast_kernels`` on a CPU dynamic-graph classification run (no distillation: the
-    teacher keeps its own layout): train in NHWC with 1x1 convs as matmuls. Sets
-    ``cfg.model.data_format = "NHWC"`` so that loaders, model and the saved config agree."""
-    if not (cfg.global_.cpu_fast_kernels and device == "cpu" and cfg.train.graph == "dynamic"
-            and not cfg.distill.enabled):
+    """Decides ``global.cpu_fast_kernels`` for a classification run: ``auto`` turns them on where they
+    apply and the oneDNN op builds (otherwise one log line says why not), ``true`` insists (error if
+    the op cannot be built), ``false`` keeps Paddle's kernels. When on, sets
+    ``cfg.model.data_format = "NHWC"`` so that loaders, model and the saved config agree, and
+    writes the decision back into ``cfg.global_.cpu_fast_kernels``."""
+    setting = cfg.global_.cpu_fast_kernels
+    if setting is False:
+        return False
+    not_here = _applies(cfg, device)
+    if not_here:
+        if setting is True:
+            log.info("global.cpu_fast_kernels=true not applied: %s", not_here)
+        cfg.global_.cpu_fast_kernels = False
+        return False
+    reason = onednn.unavailable_reason()
+    if reason is None:
+        try:
+            onednn.load()
+        except Exception as exc:  # a compiler or linker problem: name it in one line
+            reason = f"building {onednn.SOURCE.name} failed ({str(exc).strip().splitlines()[-1][:200]})"
+    if reason:
+        if setting is True:
+            raise UnsupportedError(f"global.cpu_fast_kernels=true: {reason}; or set global.cpu_fast_kernels=false")
+        log.info("global.cpu_fast_kernels=auto: off, %s; CPU training uses Paddle's slower conv kernels", reason)
+        cfg.global_.cpu_fast_kernels = False
         return False
     if cfg.model.data_format != "NHWC":
-        log.info("global.cpu_fast_kernels: training in NHWC with 1x1 convs as matmuls on CPU (was %s; "
-                 "checkpoints are layout-free; set global.cpu_fast_kernels=false to keep it)",
-                 cfg.model.data_format)
+        log.info("global.cpu_fast_kernels: training in NHWC on CPU (model.data_format was %s; checkpoints "
+                 "are layout-free; global.cpu_fast_kernels=false keeps it)", cfg.model.data_format)
         cfg.model.data_format = "NHWC"
+    cfg.global_.cpu_fast_kernels = True
     return True
+
+
+def use_fast_cpu_kernels(model) -> dict:
+    """Stride-1 1x1 convs of an NHWC ``model`` as matmuls, every other ``paddle.nn.Conv2D`` through
+    the oneDNN op; returns the counts."""
+    matmuls = 0
+    for layer in model.sublayers(include_self=True):
+        if _is_plain_1x1(layer) and _stride_of(layer) == 1:
+            layer.forward = types.MethodType(_conv1x1_matmul_forward, layer)
+            matmuls += 1
+    switched, kept = onednn.use_onednn_convs(model, skip=lambda layer: _is_plain_1x1(layer)
+                                              and _stride_of(layer) == 1)
+    norms = 0
+    for layer in model.sublayers(include_self=True):
+        if (type(layer) is ConvBNAct and type(layer.act) in (paddle.nn.ReLU, paddle.nn.Identity)
+                and type(layer.bn) is paddle.nn.BatchNorm2D and not layer.bn._use_global_stats):
+            layer.forward = types.MethodType(_conv_bn_act_forward, layer)
+            norms += 1
+    pools = onednn.use_onednn_max_pools(model)
+    return {"matmul": matmuls, "onednn": switched, "paddle": kept, "batch_norm": norms, "max_pool": pools}
+
+
+def _conv_bn_act_forward(self, x):
+    # Training: BatchNorm (+ ReLU) in one oneDNN pass; evaluation keeps Paddle's kernels.
+    x = self.conv(x)
+    if not self.training:
+        return self.act(self.bn(x))
+    return onednn.batch_norm_train(x, self.bn, type(self.act) is paddle.nn.ReLU, self.bn._data_format == "NHWC")

@@ -17,7 +17,7 @@ from ppdlx.engine.ema import ModelEMA
 from ppdlx.engine.evaluator import ClassificationEvaluator
 from ppdlx.engine.logger import setup_logging
 from ppdlx.engine.objectives import ClassificationObjective
-from ppdlx.engine.cpu_kernels import conv1x1_as_matmul, plan_fast_cpu_kernels
+from ppdlx.engine.cpu_kernels import plan_fast_cpu_kernels, use_fast_cpu_kernels
 from ppdlx.engine.trainer import Trainer
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.losses import build_loss
@@ -66,7 +66,10 @@ def build_training(cfg, hooks=()):
                                              classes=classes)
     model = build_model(cfg)
     if fast_cpu:
-        log.info("global.cpu_fast_kernels: %d 1x1 convs run as matmuls", conv1x1_as_matmul(model))
+        counts = use_fast_cpu_kernels(model)
+        log.info("global.cpu_fast_kernels: %d convs, %d batch norms and %d max pools through oneDNN (NHWC), %d 1x1 "
+                 "convs as matmuls, %d convs on Paddle's kernel", counts["onednn"], counts["batch_norm"],
+                 counts["max_pool"], counts["matmul"], counts["paddle"])
     if cfg.model.weights and not cfg.train.resume:
         missing = ckpt.load_weights(model, cfg.model.weights)
         log.info("loaded weights %s (%d parameters not in the file)", cfg.model.weights, len(missing))

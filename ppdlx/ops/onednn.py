@@ -1,0 +1,204 @@
+"""oneDNN convolutions and batch norms for CPU dygraph training (``ppdlx/ops/onednn_kernels.cc``).
+
+The op is compiled once per machine with ``paddle.utils.cpp_extension`` against the oneDNN
+library inside Paddle's own wheel (``paddle/libs/libdnnl.so.3``, oneDNN 3.6) and the headers of
+``onednn-devel==2025.0.0`` (oneDNN 3.6.0; the wheel ships no oneDNN headers). The build lands in
+``~/.cache/ppdlx/ops`` (``PPDLX_OPS_CACHE`` overrides) and later runs only load it.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import sys
+import sysconfig
+import types
+import warnings
+from pathlib import Path
+
+import paddle
+
+log = logging.getLogger("ppdlx")
+
+SOURCE = Path(__file__).with_name("onednn_kernels.cc")
+HEADERS_PACKAGE = "onednn-devel==2025.0.0"
+_module = None
+
+
+class OneDNNUnavailable(RuntimeError):
+    pass
+
+
+def _header_dir() -> Path | None:
+    for root in (sysconfig.get_paths()["data"], sys.prefix, sys.base_prefix):
+        include = Path(root) / "include"
+        if (include / "oneapi" / "dnnl" / "dnnl.hpp").is_file():
+            return include
+    return None
+
+
+def _paddle_libs() -> Path:
+    return Path(paddle.__file__).parent / "libs"
+
+
+def unavailable_reason() -> str | None:
+    """Why the op cannot be built here, or None."""
+    if not (_paddle_libs() / "libdnnl.so.3").is_file():
+        return f"this Paddle build ships no oneDNN library ({_paddle_libs()}/libdnnl.so.3)"
+    if _header_dir() is None:
+        return f"the oneDNN headers are not installed (pip install --no-deps {HEADERS_PACKAGE})"
+    return None
+
+
+def _build_dir() -> Path:
+    digest = hashlib.sha1(SOURCE.read_bytes() + paddle.__version__.encode()).hexdigest()[:12]
+    base = Path(os.environ.get("PPDLX_OPS_CACHE", Path.home() / ".cache" / "ppdlx" / "ops"))
+    return base / f"onednn_kernels_{digest}"
+
+
+def load():
+    """The compiled op module (built on first use, under a file lock so that the ranks of one
+    job build it once)."""
+    global _module
+    if _module is not None:
+        return _module
+    reason = unavailable_reason()
+    if reason:
+        raise OneDNNUnavailable(reason)
+    build = _build_dir()
+    build.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():  # cpp_extension warns about ccache on import
+        warnings.simplefilter("ignore")
+        from paddle.utils import cpp_extension
+    with open(build / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        library = build / "ppdlx_onednn_kernels" / "ppdlx_onednn_kernels.so"
+        if library.is_file():  # built before: register it (skips ~2 s of compiler and ABI checks)
+            cpp_extension.load_op_meta_info_and_register_op(str(library))
+        else:
+            log.info("building the oneDNN ops once in %s (about 30 s)", build)
+            cpp_extension.load(  # compiles, links and registers the op
+                name="ppdlx_onednn_kernels", sources=[str(SOURCE)],
+                extra_cxx_cflags=["-O2", "-w"], extra_include_paths=[str(_header_dir())],
+                extra_library_paths=[str(_paddle_libs())],
+                extra_ldflags=["-l:libdnnl.so.3", f"-Wl,-rpath,{_paddle_libs()}"],
+                build_directory=str(build), verbose=False)
+    _module = types.SimpleNamespace(conv2d=_op("ppdlx_onednn_conv2d"), batch_norm=_op("ppdlx_onednn_batch_norm"),
+                                    max_pool2d=_op("ppdlx_onednn_max_pool2d"))
+    return _module
+
+
+def _op(name):
+    def run(*args):  # dygraph call of a registered op (what cpp_extension's generated wrapper does)
+        with paddle.profiler.RecordEvent(name):  # the profiler does not record custom forwards itself
+            return paddle._C_ops._run_custom_op(name, *args)
+    return run
+
+
+def _pair(value):
+    return list(value) if isinstance(value, (list, tuple)) else [value, value]
+
+
+def explicit_paddings(layer) -> list[int] | str:
+    """``[top, bottom, left, right]`` of a ``paddle.nn.Conv2D``, or "SAME" (depends on the input
+    size: resolved per call like Paddle does)."""
+    padding = layer._padding
+    if isinstance(padding, str):
+        return "SAME" if padding.upper() == "SAME" else [0, 0, 0, 0]
+    if isinstance(padding, int):
+        return [padding] * 4
+    padding = [int(p) for p in padding]
+    if len(padding) == 2:
+        return [padding[0], padding[0], padding[1], padding[1]]
+    return padding
+
+
+def same_paddings(size_hw, kernel_hw, stride_hw, dilation_hw) -> list[int]:
+    """Paddle's "SAME": output = ceil(input / stride), the extra pixel at the bottom/right."""
+    pads = []
+    for size, kernel, stride, dilation in zip(size_hw, kernel_hw, stride_hw, dilation_hw):
+        total = max((-(-size // stride) - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
+        pads += [total // 2, total - total // 2]
+    return pads
+
+
+def conv2d(x, weight, stride, paddings, dilation, groups, channels_last):
+    """``paddle.nn.functional.conv2d`` (no bias) through oneDNN; ``paddings`` as
+    ``[top, bottom, left, right]`` or "SAME"."""
+    op = load().conv2d
+    if not x.is_contiguous():
+        x = x.contiguous()
+    stride, dilation = _pair(stride), _pair(dilation)
+    if isinstance(paddings, str):
+        size = x.shape[1:3] if channels_last else x.shape[2:4]
+        paddings = same_paddings(size, weight.shape[2:4], stride, dilation)
+    return op(x, weight, stride, list(paddings), dilation, groups, channels_last, not x.stop_gradient)[0]
+
+
+def _onednn_forward(self, x):
+    y = conv2d(x, self.weight, self._stride, self._onednn_paddings, self._dilation, self._groups,
+               self._data_format == "NHWC")
+    if self.bias is None:
+        return y
+    return y + (self.bias if self._data_format == "NHWC" else self.bias.reshape([1, -1, 1, 1]))
+
+
+def use_onednn_convs(model, skip=lambda layer: False) -> tuple[int, int]:
+    """Runs the ``paddle.nn.Conv2D`` layers of ``model`` (except ``skip(layer)``) through the oneDNN
+    op; returns (switched, kept): subclasses and non-zero padding modes keep Paddle's kernel."""
+    load()
+    switched = kept = 0
+    for layer in model.sublayers(include_self=True):
+        if not isinstance(layer, paddle.nn.Conv2D) or skip(layer):
+            continue
+        if type(layer) is not paddle.nn.Conv2D or layer._padding_mode != "zeros":
+            kept += 1
+            continue
+        layer._onednn_paddings = explicit_paddings(layer)
+        layer.forward = types.MethodType(_onednn_forward, layer)
+        switched += 1
+    return switched, kept
+
+
+def batch_norm_train(x, bn, fuse_relu: bool, channels_last: bool):
+    """Training-mode ``paddle.nn.BatchNorm2D`` (+ ReLU when ``fuse_relu``) through oneDNN in one
+    pass; updates ``bn``'s running statistics like Paddle does (biased batch variance)."""
+    if not x.is_contiguous():
+        x = x.contiguous()
+    y, mean, variance, _ = load().batch_norm(x, bn.weight, bn.bias, float(bn._epsilon), channels_last, fuse_relu)
+    with paddle.no_grad():
+        momentum = bn._momentum
+        paddle.assign(bn._mean * momentum + mean * (1.0 - momentum), bn._mean)
+        paddle.assign(bn._variance * momentum + variance * (1.0 - momentum), bn._variance)
+    return y
+
+
+def max_pool2d(x, kernel, stride, paddings, channels_last: bool):
+    """``paddle.nn.functional.max_pool2d`` (floor mode, no mask) through oneDNN; ``paddings`` as
+    ``[top, bottom, left, right]``."""
+    if not x.is_contiguous():
+        x = x.contiguous()
+    return load().max_pool2d(x, _pair(kernel), _pair(stride), list(paddings), channels_last)[0]
+
+
+def _max_pool_forward(self, x):
+    return max_pool2d(x, self.ksize, self.stride if self.stride is not None else self.ksize, self._onednn_paddings,
+                      self.data_format == "NHWC")
+
+
+def use_onednn_max_pools(model) -> int:
+    """Runs the ``paddle.nn.MaxPool2D`` layers of ``model`` (floor mode, no mask, explicit padding)
+    through the oneDNN op; returns how many."""
+    load()
+    count = 0
+    for layer in model.sublayers(include_self=True):
+        if (type(layer) is not paddle.nn.MaxPool2D or layer.ceil_mode or layer.return_mask
+                or isinstance(layer.padding, str)):
+            continue
+        pad = layer.padding
+        layer._onednn_paddings = ([pad] * 4 if isinstance(pad, int) else
+                                  [pad[0], pad[0], pad[1], pad[1]] if len(pad) == 2 else list(pad))
+        layer.forward = types.MethodType(_max_pool_forward, layer)
+        count += 1
+    return count

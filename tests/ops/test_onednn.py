@@ -1,0 +1,131 @@
+"""The oneDNN ops (ppdlx/ops/onednn_kernels.cc) against Paddle's own kernels: convolution (outputs,
+input and filter gradients, for every geometry the models use), training batch norm (+ ReLU) with
+its running statistics, and max pooling."""
+import numpy as np
+import paddle
+import pytest
+
+from ppdlx.engine.cpu_kernels import use_fast_cpu_kernels
+from ppdlx.models import MODELS
+from ppdlx.ops import onednn
+
+CASES = [  # in, out, kernel, stride, padding, groups, dilation
+    (8, 16, 3, 1, 1, 1, 1),
+    (8, 16, 1, 2, 0, 1, 1),
+    (16, 16, 3, 2, 1, 16, 1),  # depthwise
+    (6, 12, 5, 1, 2, 3, 2),  # grouped, dilated
+    (3, 8, 7, 2, 3, 1, 1),  # ResNet stem
+    (8, 8, 3, 2, "SAME", 8, 1),  # EfficientNet's depthwise "SAME"
+    (4, 6, 3, 1, [1, 0, 2, 1], 1, 1),  # asymmetric [top, bottom, left, right]
+]
+
+
+@pytest.mark.parametrize("data_format", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_matches_paddle_conv2d_forward_and_backward(data_format, case):
+    cin, cout, k, stride, padding, groups, dilation = case
+    paddle.seed(0)
+    shape = [2, cin, 11, 10] if data_format == "NCHW" else [2, 11, 10, cin]
+    x = paddle.randn(shape)
+    x.stop_gradient = False
+    w = paddle.randn([cout, cin // groups, k, k])
+    w.stop_gradient = False
+    ref = paddle.nn.functional.conv2d(x, w, stride=stride, padding=padding, groups=groups, dilation=dilation,
+                                      data_format=data_format)
+    probe = paddle.randn(ref.shape)
+    ref_grads = paddle.grad(ref, [x, w], probe)
+    if isinstance(padding, int):
+        padding = [padding] * 4
+    out = onednn.conv2d(x, w, stride, padding, dilation, groups, data_format == "NHWC")
+    grads = paddle.grad(out, [x, w], probe)
+    assert out.shape == ref.shape
+    assert float((out - ref).abs().max()) < 1e-4
+    assert float((grads[0] - ref_grads[0]).abs().max()) < 1e-4
+    assert float((grads[1] - ref_grads[1]).abs().max()) < 1e-3 * float(ref_grads[1].abs().max())
+
+
+def test_network_input_gets_no_gradient_but_the_filter_does():
+    x = paddle.randn([2, 3, 8, 8])  # stop_gradient: the op skips the input gradient
+    w = paddle.randn([4, 3, 3, 3])
+    w.stop_gradient = False
+    out = onednn.conv2d(x, w, 1, [1] * 4, 1, 1, False)
+    (grad_w,) = paddle.grad(out.sum(), [w])
+    ref = paddle.nn.functional.conv2d(x, w, padding=1)
+    (ref_grad_w,) = paddle.grad(ref.sum(), [w])
+    assert x.grad is None and float((grad_w - ref_grad_w).abs().max()) < 1e-3
+
+
+@pytest.mark.parametrize("data_format", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("fuse_relu", [False, True])
+def test_batch_norm_matches_paddle_with_running_statistics(data_format, fuse_relu):
+    paddle.seed(0)
+    ref = paddle.nn.BatchNorm2D(6, momentum=0.9, epsilon=1e-5, data_format=data_format)
+    with paddle.no_grad():
+        ref.weight.set_value(paddle.randn([6]))
+        ref.bias.set_value(paddle.randn([6]))
+    mine = paddle.nn.BatchNorm2D(6, momentum=0.9, epsilon=1e-5, data_format=data_format)
+    mine.set_state_dict(ref.state_dict())
+    x = paddle.randn([4, 6, 5, 7] if data_format == "NCHW" else [4, 5, 7, 6]) * 3 + 1
+    probe = paddle.randn(x.shape)
+    results = []
+    for layer, run in ((ref, lambda xi: paddle.nn.functional.relu(ref(xi)) if fuse_relu else ref(xi)),
+                       (mine, lambda xi: onednn.batch_norm_train(xi, mine, fuse_relu, data_format == "NHWC"))):
+        xi = x.clone()
+        xi.stop_gradient = False
+        y = run(xi)
+        grads = paddle.grad(y, [xi, layer.weight, layer.bias], probe)
+        results.append([y, *grads, layer._mean, layer._variance])
+    names = ["y", "grad x", "grad scale", "grad shift", "running mean", "running variance"]
+    for name, a, b in zip(names, *results):
+        assert float((a - b).abs().max()) < 1e-4 * max(1.0, float(a.abs().max())), name
+    assert float(results[1][4].abs().max()) > 0.05  # the running mean moved (momentum 0.9, mean ~1)
+    if fuse_relu:
+        assert float(results[1][0].min()) == 0.0
+
+
+@pytest.mark.parametrize("data_format", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("kernel,stride,padding,size", [(3, 2, 1, (9, 8)), (2, 2, 0, (8, 8)), (3, 1, 1, (5, 7))])
+def test_max_pool_matches_paddle(data_format, kernel, stride, padding, size):
+    paddle.seed(0)
+    x = paddle.randn([2, 5, *size] if data_format == "NCHW" else [2, *size, 5])
+    x.stop_gradient = False
+    ref = paddle.nn.functional.max_pool2d(x, kernel, stride, padding, data_format=data_format)
+    probe = paddle.randn(ref.shape)
+    (ref_grad,) = paddle.grad(ref, [x], probe)
+    out = onednn.max_pool2d(x, kernel, stride, [padding] * 4, data_format == "NHWC")
+    (grad,) = paddle.grad(out, [x], probe)
+    assert out.shape == ref.shape
+    assert float((out - ref).abs().max()) == 0.0 and float((grad - ref_grad).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("name,args", [("resnet18_bottleneck_tiny", {}),
+                                       ("efficientnet_b0", {"dropout": 0.0, "drop_connect_rate": 0.0})])
+def test_fast_kernels_keep_a_model_outputs_and_gradients(name, args):
+    """A whole network with the fast kernels against Paddle's NHWC kernels, measured against the
+    rounding noise between Paddle's own NCHW and NHWC kernels (BatchNorm over 4 samples on 1x1 maps
+    amplifies rounding: EfficientNet's gradients differ by ~2e-3 between Paddle's two layouts)."""
+    paddle.seed(0)
+    models = {layout: MODELS.build(name, num_classes=5, data_format=layout.upper()[:4], **args)
+              for layout in ("nchw", "nhwc", "nhwc_fast")}
+    for layout in ("nhwc", "nhwc_fast"):
+        models[layout].set_state_dict(models["nchw"].state_dict())
+    counts = use_fast_cpu_kernels(models["nhwc_fast"])
+    convs = [l for l in models["nhwc_fast"].sublayers() if isinstance(l, paddle.nn.Conv2D)]
+    assert counts["onednn"] > 0 and counts["paddle"] == 0 and counts["batch_norm"] > 0
+    assert counts["onednn"] + counts["matmul"] == len(convs)
+    assert counts["max_pool"] == sum(type(l) is paddle.nn.MaxPool2D for l in models["nhwc_fast"].sublayers())
+    x = paddle.randn([4, 3, 32, 32])
+    losses, grads = {}, {}
+    for layout, model in models.items():
+        model.train()
+        loss = (model(x if layout == "nchw" else x.transpose([0, 2, 3, 1])) * paddle.arange(5, dtype="float32")).sum()
+        loss.backward()
+        losses[layout] = float(loss)
+        grads[layout] = np.concatenate([p.grad.numpy().ravel() for p in model.parameters() if p.grad is not None])
+
+    def rel(a, b):
+        return np.linalg.norm(grads[a] - grads[b]) / np.linalg.norm(grads[a])
+
+    assert grads["nhwc_fast"].size == grads["nhwc"].size
+    assert abs(losses["nhwc_fast"] - losses["nhwc"]) <= 1e-4 * abs(losses["nhwc"])
+    assert rel("nhwc", "nhwc_fast") <= max(3 * rel("nchw", "nhwc"), 1e-4)
