@@ -6,7 +6,7 @@ setup(
     description="PaddlePaddle-native training, 2:4 sparsity, export and deployment of ResNet50 v1.5, "
                 "GPUNet and EfficientDet-D0",
     packages=find_packages(include=["ppdlx", "ppdlx.*"]),
-    package_data={"ppdlx": ["models/gpunet_archs/*.json"]},
+    package_data={"ppdlx": ["models/gpunet_archs/*.json", "ops/*.cc"]},
     python_requires=">=3.9",
     install_requires=[
         "paddlepaddle>=3.0",  # or paddlepaddle-gpu: install the build for your CUDA first
