@@ -67,6 +67,8 @@ def _applies(cfg, device: str) -> str | None:
     """Why the fast CPU kernels do not apply to this run, or None."""
     if device != "cpu":
         return f"device is {device}"
+    if cfg.data.dataset == "coco":
+        return "detection training keeps Paddle's kernels"
     if cfg.train.graph != "dynamic":
         return f"train.graph={cfg.train.graph} (dynamic graph only)"
     if cfg.distill.enabled:
@@ -130,8 +132,9 @@ def use_fast_cpu_kernels(model) -> dict:
 
 
 def _conv_bn_act_forward(self, x):
-    # Training: BatchNorm (+ ReLU) in one oneDNN pass; evaluation keeps Paddle's kernels.
+    # Training: BatchNorm (+ ReLU) in one oneDNN pass. A BN in eval mode (evaluation, or frozen while
+    # the rest trains) keeps Paddle's kernel: it must use the running statistics.
     x = self.conv(x)
-    if not self.training:
+    if not self.bn.training:
         return self.act(self.bn(x))
     return onednn.batch_norm_train(x, self.bn, type(self.act) is paddle.nn.ReLU, self.bn._data_format == "NHWC")

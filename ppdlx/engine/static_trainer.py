@@ -53,6 +53,7 @@ from ppdlx.data.loader import build_classification_loader
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine import dist
 from ppdlx.engine.run import _classes_of
+from ppdlx.engine.cpu_kernels import plan_fast_cpu_kernels
 from ppdlx.engine.run import _setup as run_setup
 from ppdlx.engine.amp import AmpPlan, plan_amp
 from ppdlx.engine.builders import build_model, count_params, seed_everything
@@ -777,7 +778,9 @@ def _setup(cfg):
     if dist.world_size() > 1:
         from paddle.distributed import fleet
         fleet.init(is_collective=True)  # collective context for the all_reduce ops in the program
-    return run_setup(cfg)
+    rank, world, device = run_setup(cfg)
+    plan_fast_cpu_kernels(cfg, device)  # never applies to static graph: records false (and says why if true)
+    return rank, world, device
 
 
 def onednn_flag() -> Optional[str]:

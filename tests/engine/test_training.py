@@ -75,7 +75,9 @@ def test_bf16_amp_on_cpu_trains_and_says_it_is_float32(tiny_tree, tmp_path, ppdl
     caplog = ppdlx_caplog
     cfg = load_config(None, tiny_overrides(tiny_tree, tmp_path, "amp.enabled=true", "amp.dtype=bfloat16",
                                            "train.epochs=4", "data.transforms.random=false",
-                                           "lr.base_lr=0.05", "model.args.zero_init_last_bn=true"))
+                                           # 0.05 sat at the edge of stability: whether 4 epochs gained
+                                           # 0.3 depended on 1e-4 rounding differences between kernels
+                                           "lr.base_lr=0.02", "model.args.zero_init_last_bn=true"))
     with caplog.at_level("INFO", logger="ppdlx"):
         trainer = build_training(cfg)
     notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("amp:")]
