@@ -150,3 +150,20 @@ def test_gradient_accumulation_matches_the_big_batch(tiny_tree, tmp_path):
     diffs = [float(np.abs(results[0][k] - results[1][k]).max()) for k in results[0]]
     assert max(diffs) < 1e-5
     assert trainer.global_step == 2
+
+
+def test_fast_cpu_kernels_that_cannot_build_are_one_line_or_off(tiny_tree, tmp_path):
+    """The oneDNN op cannot be built when its cache directory cannot be created: ``true`` is a
+    one-line error (exit 3), ``auto`` trains on Paddle's kernels and says why in the log."""
+    env = dict(os.environ, PPDLX_OPS_CACHE="/proc/ppdlx-ops")  # /proc: mkdir fails
+    args = tiny_overrides(tiny_tree, tmp_path, "train.epochs=1", "train.steps_per_epoch=1")
+    proc = run_cli([*args, "global.cpu_fast_kernels=true"], env=env)
+    assert proc.returncode == 3
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: global.cpu_fast_kernels=true: building onednn_kernels.cc failed"), last
+    assert "global.cpu_fast_kernels=false" in last
+    proc = run_cli([*args, "global.cpu_fast_kernels=auto"], env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "global.cpu_fast_kernels=auto: off, building onednn_kernels.cc failed" in proc.stderr + proc.stdout
+    saved = open(os.path.join(tmp_path, "config.yaml")).read()
+    assert "cpu_fast_kernels: false" in saved and "data_format: NCHW" in saved
