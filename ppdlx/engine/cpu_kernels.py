@@ -67,8 +67,6 @@ def _applies(cfg, device: str) -> str | None:
     """Why the fast CPU kernels do not apply to this run, or None."""
     if device != "cpu":
         return f"device is {device}"
-    if cfg.data.dataset == "coco":
-        return "detection training keeps Paddle's kernels"
     if cfg.train.graph != "dynamic":
         return f"train.graph={cfg.train.graph} (dynamic graph only)"
     if cfg.distill.enabled:
@@ -77,7 +75,7 @@ def _applies(cfg, device: str) -> str | None:
 
 
 def plan_fast_cpu_kernels(cfg, device: str) -> bool:
-    """Decides ``global.cpu_fast_kernels`` for a classification run: ``auto`` turns them on where they
+    """Decides ``global.cpu_fast_kernels`` for a training run: ``auto`` turns them on where they
     apply and the oneDNN op builds (otherwise one log line says why not), ``true`` insists (error if
     the op cannot be built), ``false`` keeps Paddle's kernels. When on, sets
     ``cfg.model.data_format = "NHWC"`` so that loaders, model and the saved config agree, and
@@ -124,17 +122,20 @@ def use_fast_cpu_kernels(model) -> dict:
     norms = 0
     for layer in model.sublayers(include_self=True):
         if (type(layer) is ConvBNAct and type(layer.act) in (paddle.nn.ReLU, paddle.nn.Identity)
-                and type(layer.bn) is paddle.nn.BatchNorm2D and not layer.bn._use_global_stats):
+                and type(layer.bn) is paddle.nn.BatchNorm2D):
             layer.forward = types.MethodType(_conv_bn_act_forward, layer)
             norms += 1
     pools = onednn.use_onednn_max_pools(model)
+    log.info("global.cpu_fast_kernels: %d convs, %d batch norms and %d max pools through oneDNN (NHWC), %d 1x1 "
+             "convs as matmuls, %d convs on Paddle's kernel", switched, norms, pools, matmuls, kept)
     return {"matmul": matmuls, "onednn": switched, "paddle": kept, "batch_norm": norms, "max_pool": pools}
 
 
 def _conv_bn_act_forward(self, x):
-    # Training: BatchNorm (+ ReLU) in one oneDNN pass. A BN in eval mode (evaluation, or frozen while
-    # the rest trains) keeps Paddle's kernel: it must use the running statistics.
+    # Training: BatchNorm (+ ReLU) in one oneDNN pass. A BN in eval mode or with fixed statistics
+    # (frozen while the rest trains, e.g. detection.freeze_bn_max_pixels, set after this patch)
+    # keeps Paddle's kernel: it must use, and not update, its running statistics.
     x = self.conv(x)
-    if not self.bn.training:
+    if not self.bn.training or self.bn._use_global_stats:
         return self.act(self.bn(x))
     return onednn.batch_norm_train(x, self.bn, type(self.act) is paddle.nn.ReLU, self.bn._data_format == "NHWC")

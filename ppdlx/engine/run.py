@@ -66,10 +66,7 @@ def build_training(cfg, hooks=()):
                                              classes=classes)
     model = build_model(cfg)
     if fast_cpu:
-        counts = use_fast_cpu_kernels(model)
-        log.info("global.cpu_fast_kernels: %d convs, %d batch norms and %d max pools through oneDNN (NHWC), %d 1x1 "
-                 "convs as matmuls, %d convs on Paddle's kernel", counts["onednn"], counts["batch_norm"],
-                 counts["max_pool"], counts["matmul"], counts["paddle"])
+        use_fast_cpu_kernels(model)
     if cfg.model.weights and not cfg.train.resume:
         missing = ckpt.load_weights(model, cfg.model.weights)
         log.info("loaded weights %s (%d parameters not in the file)", cfg.model.weights, len(missing))

@@ -7,6 +7,7 @@ import pytest
 
 from ppdlx.engine.cpu_kernels import use_fast_cpu_kernels
 from ppdlx.models import MODELS
+from ppdlx.models.layers import ConvBNAct
 from ppdlx.ops import onednn
 
 CASES = [  # in, out, kernel, stride, padding, groups, dilation
@@ -129,3 +130,23 @@ def test_fast_kernels_keep_a_model_outputs_and_gradients(name, args):
     assert grads["nhwc_fast"].size == grads["nhwc"].size
     assert abs(losses["nhwc_fast"] - losses["nhwc"]) <= 1e-4 * abs(losses["nhwc"])
     assert rel("nhwc", "nhwc_fast") <= max(3 * rel("nchw", "nhwc"), 1e-4)
+
+
+def test_batch_norms_frozen_after_the_switch_keep_their_statistics():
+    """A BN given fixed statistics after the fast kernels were applied (what
+    detection.freeze_bn_max_pixels does) normalises with them and never updates them."""
+    paddle.seed(0)
+    block = ConvBNAct(3, 4, 3, act=None, data_format="NHWC")
+    reference = ConvBNAct(3, 4, 3, act=None, data_format="NHWC")
+    reference.set_state_dict(block.state_dict())
+    assert use_fast_cpu_kernels(block)["batch_norm"] == 1
+    for layer in (block, reference):
+        layer.train()
+        layer.bn._use_global_stats = True
+    x = paddle.randn([4, 6, 6, 3]) * 2 + 3
+    out, ref = block(x), reference(x)
+    assert float((out - ref).abs().max()) < 1e-5
+    assert float(block.bn._mean.abs().max()) == 0.0 and float((block.bn._variance - 1).abs().max()) == 0.0
+    block.bn._use_global_stats = None  # and back to batch statistics: the running mean moves
+    block(x)
+    assert float(block.bn._mean.abs().max()) > 0.05
