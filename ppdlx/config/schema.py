@@ -27,8 +27,8 @@ class GlobalConfig(Section):
     # MKL_DEBUG_CPU_TYPE for MKL's vendor check (5 = AVX2 paths on AMD CPUs: ~2x faster training
     # here, outputs unchanged); applied by the tools before paddle loads; null = leave the env alone.
     mkl_debug_cpu_type: Optional[int] = 5
-    # CPU dynamic-graph classification training in NHWC, convs through oneDNN and stride-1 1x1 convs
-    # as matmuls (ppdlx/engine/cpu_kernels.py; sets model.data_format=NHWC for the run). auto = on
+    # CPU dynamic-graph training (classification, detection) in NHWC with ppdlx's oneDNN ops and
+    # stride-1 1x1 convs as matmuls (ppdlx/engine/cpu_kernels.py; sets model.data_format=NHWC). auto = on
     # where it applies and the oneDNN op builds (needs onednn-devel's headers), else one log line;
     # true = on or an error; false = Paddle's kernels. The decision is saved as true/false.
     cpu_fast_kernels: Union[bool, Literal["auto"]] = "auto"

@@ -32,7 +32,7 @@ from ppdlx.engine.amp import build_scaler, decorate_o2, plan_amp
 from ppdlx.engine.builders import check_builder_args, count_params, seed_everything
 from ppdlx.engine.coco_eval import STAT_KEYS, CocoEvaluator
 from ppdlx.engine.ema import ModelEMA
-from ppdlx.engine.cpu_kernels import plan_fast_cpu_kernels
+from ppdlx.engine.cpu_kernels import plan_fast_cpu_kernels, use_fast_cpu_kernels
 from ppdlx.engine.run import _setup
 from ppdlx.engine.trainer import Trainer
 from ppdlx.errors import ConfigError, UnsupportedError
@@ -179,7 +179,7 @@ def build_detection_training(cfg, hooks=()):
                                f"set train.graph=dynamic")
     if cfg.train.mixup_alpha > 0:
         raise UnsupportedError("train.mixup_alpha: mixup is classification-only; set train.mixup_alpha=0")
-    plan_fast_cpu_kernels(cfg, device)  # detection keeps Paddle's kernels: records false (says why if true)
+    fast_cpu = plan_fast_cpu_kernels(cfg, device)
     amp_plan = plan_amp(cfg.amp, device)
     if amp_plan.note:
         log.info(amp_plan.note)
@@ -189,6 +189,8 @@ def build_detection_training(cfg, hooks=()):
     val_loader = build_coco_loader(cfg, "val", rank, world, batch_size=cfg.eval.batch_size,
                                    cat_ids=train_loader.cat_ids)
     model = build_detection_model(cfg, num_classes)
+    if fast_cpu:
+        use_fast_cpu_kernels(model)
     if cfg.detection.bn_momentum is not None:
         set_bn_momentum(model, cfg.detection.bn_momentum)
     if cfg.detection.freeze_bn_max_pixels:
