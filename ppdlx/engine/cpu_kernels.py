@@ -29,7 +29,7 @@ log = logging.getLogger("ppdlx")
 
 
 def _conv1x1_matmul_forward(self, x):
-    stride = self._stride[0] if isinstance(self._stride, (list, tuple)) else self._stride
+    stride = _stride_of(self)
     if stride > 1:
         x = x[:, ::stride, ::stride, :]
     y = paddle.matmul(x, self.weight.reshape(self.weight.shape[:2]), transpose_y=True)
@@ -52,12 +52,16 @@ def _is_plain_1x1(layer) -> bool:
     return no_pad and stride[0] == stride[1]
 
 
-def conv1x1_as_matmul(model) -> int:
-    """Run every plain NHWC 1x1 ``Conv2D`` of ``model`` (groups 1, no padding, square stride) as
-    one ``paddle.matmul``; returns how many layers now do."""
+def _is_matmul_1x1(layer, strided: bool) -> bool:
+    return _is_plain_1x1(layer) and (strided or _stride_of(layer) == 1)
+
+
+def conv1x1_as_matmul(model, strided: bool = True) -> int:
+    """Run every plain NHWC 1x1 ``Conv2D`` of ``model`` (groups 1, no padding, square stride; with
+    ``strided=False`` stride 1 only) as one ``paddle.matmul``; returns how many layers now do."""
     count = 0
     for layer in model.sublayers(include_self=True):
-        if _is_plain_1x1(layer):
+        if _is_matmul_1x1(layer, strided):
             layer.forward = types.MethodType(_conv1x1_matmul_forward, layer)
             count += 1
     return count
@@ -112,13 +116,9 @@ def plan_fast_cpu_kernels(cfg, device: str) -> bool:
 def use_fast_cpu_kernels(model) -> dict:
     """Stride-1 1x1 convs of an NHWC ``model`` as matmuls, every other ``paddle.nn.Conv2D`` through
     the oneDNN op; returns the counts."""
-    matmuls = 0
-    for layer in model.sublayers(include_self=True):
-        if _is_plain_1x1(layer) and _stride_of(layer) == 1:
-            layer.forward = types.MethodType(_conv1x1_matmul_forward, layer)
-            matmuls += 1
-    switched, kept = onednn.use_onednn_convs(model, skip=lambda layer: _is_plain_1x1(layer)
-                                              and _stride_of(layer) == 1)
+    # Strided 1x1s go to oneDNN: as matmuls they need a strided slice whose gradient cost 60 ms/step.
+    matmuls = conv1x1_as_matmul(model, strided=False)
+    switched, kept = onednn.use_onednn_convs(model, skip=lambda layer: _is_matmul_1x1(layer, strided=False))
     norms = 0
     for layer in model.sublayers(include_self=True):
         if (type(layer) is ConvBNAct and type(layer.act) in (paddle.nn.ReLU, paddle.nn.Identity)

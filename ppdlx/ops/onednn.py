@@ -1,6 +1,6 @@
-"""oneDNN convolutions and batch norms for CPU dygraph training (``ppdlx/ops/onednn_kernels.cc``).
+"""oneDNN convolution, batch norm and max pool for CPU dygraph training (``ppdlx/ops/onednn_kernels.cc``).
 
-The op is compiled once per machine with ``paddle.utils.cpp_extension`` against the oneDNN
+The ops are compiled once per machine with ``paddle.utils.cpp_extension`` against the oneDNN
 library inside Paddle's own wheel (``paddle/libs/libdnnl.so.3``, oneDNN 3.6) and the headers of
 ``onednn-devel==2025.0.0`` (oneDNN 3.6.0; the wheel ships no oneDNN headers). The build lands in
 ``~/.cache/ppdlx/ops`` (``PPDLX_OPS_CACHE`` overrides) and later runs only load it.
@@ -90,9 +90,11 @@ def load():
 
 
 def _op(name):
-    def run(*args):  # dygraph call of a registered op (what cpp_extension's generated wrapper does)
+    def run(x, *args):  # dygraph call of a registered op (what cpp_extension's generated wrapper does)
+        if not x.is_contiguous():  # the kernels read the activations' buffer directly
+            x = x.contiguous()
         with paddle.profiler.RecordEvent(name):  # the profiler does not record custom forwards itself
-            return paddle._C_ops._run_custom_op(name, *args)
+            return paddle._C_ops._run_custom_op(name, x, *args)
     return run
 
 
@@ -106,6 +108,11 @@ def explicit_paddings(layer) -> list[int] | str:
     padding = layer._padding
     if isinstance(padding, str):
         return "SAME" if padding.upper() == "SAME" else [0, 0, 0, 0]
+    return _four_paddings(padding)
+
+
+def _four_paddings(padding) -> list[int]:
+    """An int, ``[h, w]`` or ``[top, bottom, left, right]`` as the last form."""
     if isinstance(padding, int):
         return [padding] * 4
     padding = [int(p) for p in padding]
@@ -127,8 +134,6 @@ def conv2d(x, weight, stride, paddings, dilation, groups, channels_last):
     """``paddle.nn.functional.conv2d`` (no bias) through oneDNN; ``paddings`` as
     ``[top, bottom, left, right]`` or "SAME"."""
     op = load().conv2d
-    if not x.is_contiguous():
-        x = x.contiguous()
     stride, dilation = _pair(stride), _pair(dilation)
     if isinstance(paddings, str):
         size = x.shape[1:3] if channels_last else x.shape[2:4]
@@ -164,8 +169,6 @@ def use_onednn_convs(model, skip=lambda layer: False) -> tuple[int, int]:
 def batch_norm_train(x, bn, fuse_relu: bool, channels_last: bool):
     """Training-mode ``paddle.nn.BatchNorm2D`` (+ ReLU when ``fuse_relu``) through oneDNN in one
     pass; updates ``bn``'s running statistics like Paddle does (biased batch variance)."""
-    if not x.is_contiguous():
-        x = x.contiguous()
     y, mean, variance, _ = load().batch_norm(x, bn.weight, bn.bias, float(bn._epsilon), channels_last, fuse_relu)
     with paddle.no_grad():
         momentum = bn._momentum
@@ -177,8 +180,6 @@ def batch_norm_train(x, bn, fuse_relu: bool, channels_last: bool):
 def max_pool2d(x, kernel, stride, paddings, channels_last: bool):
     """``paddle.nn.functional.max_pool2d`` (floor mode, no mask) through oneDNN; ``paddings`` as
     ``[top, bottom, left, right]``."""
-    if not x.is_contiguous():
-        x = x.contiguous()
     return load().max_pool2d(x, _pair(kernel), _pair(stride), list(paddings), channels_last)[0]
 
 
@@ -196,9 +197,7 @@ def use_onednn_max_pools(model) -> int:
         if (type(layer) is not paddle.nn.MaxPool2D or layer.ceil_mode or layer.return_mask
                 or isinstance(layer.padding, str)):
             continue
-        pad = layer.padding
-        layer._onednn_paddings = ([pad] * 4 if isinstance(pad, int) else
-                                  [pad[0], pad[0], pad[1], pad[1]] if len(pad) == 2 else list(pad))
+        layer._onednn_paddings = _four_paddings(layer.padding)
         layer.forward = types.MethodType(_max_pool_forward, layer)
         count += 1
     return count

@@ -27,6 +27,31 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
+// A float32 oneDNN memory over a Paddle tensor's buffer (no copy).
+memory plain(const memory::dims& dims, tag layout, const paddle::Tensor& t) {
+  return memory({dims, memory::data_type::f32, layout}, cpu_engine(), const_cast<float*>(t.data<float>()));
+}
+
+// oneDNN's logical {N, C, H, W} dims of a 4-D Paddle shape, and back.
+memory::dims dnnl_dims(const std::vector<int64_t>& shape, bool channels_last) {
+  PD_CHECK(shape.size() == 4, "ppdlx onednn ops: 4-D input expected");
+  return channels_last ? memory::dims{shape[0], shape[3], shape[1], shape[2]}
+                       : memory::dims{shape[0], shape[1], shape[2], shape[3]};
+}
+
+std::vector<int64_t> paddle_shape(const memory::dims& d, bool channels_last) {
+  return channels_last ? std::vector<int64_t>{d[0], d[2], d[3], d[1]} : std::vector<int64_t>{d[0], d[1], d[2], d[3]};
+}
+
+// The primitives of one op shape, built on first use (Paddle runs dygraph ops on one thread).
+template <typename Primitives, typename Make>
+const Primitives& cached(const std::string& key, Make make) {
+  static std::map<std::string, std::unique_ptr<Primitives>> cache;
+  auto& slot = cache[key];
+  if (!slot) slot.reset(new Primitives(make()));
+  return *slot;
+}
+
 struct ConvGeometry {
   memory::dims src, weights, dst, strides, dilations, pad_l, pad_r;
   tag data_tag, weights_tag;
@@ -79,38 +104,29 @@ struct ConvPrimitives {
 };
 
 const ConvPrimitives& primitives(const ConvGeometry& g) {
-  static std::map<std::string, std::unique_ptr<ConvPrimitives>> cache;
   std::ostringstream key;
   for (const auto* dims : {&g.src, &g.weights, &g.dst, &g.strides, &g.dilations, &g.pad_l, &g.pad_r}) {
     for (auto d : *dims) key << d << ',';
     key << ';';
   }
   key << static_cast<int>(g.data_tag);
-  auto found = cache.find(key.str());
-  if (found != cache.end()) return *found->second;
-
-  auto& engine = cpu_engine();
-  memory::desc src(g.src, memory::data_type::f32, g.data_tag);
-  memory::desc dst(g.dst, memory::data_type::f32, g.data_tag);
-  memory::desc weights(g.weights, memory::data_type::f32, tag::any);
-  const auto algo = dnnl::algorithm::convolution_direct;
-  auto forward = dnnl::convolution_forward::primitive_desc(
-      engine, dnnl::prop_kind::forward_training, algo, src, weights, dst, g.strides, g.dilations, g.pad_l,
-      g.pad_r);
-  auto backward_data = dnnl::convolution_backward_data::primitive_desc(
-      engine, algo, src, weights, dst, g.strides, g.dilations, g.pad_l, g.pad_r, forward);
-  auto backward_weights = dnnl::convolution_backward_weights::primitive_desc(
-      engine, algo, src, weights, dst, g.strides, g.dilations, g.pad_l, g.pad_r, forward);
-  auto entry = std::unique_ptr<ConvPrimitives>(new ConvPrimitives{
-      forward, backward_data, backward_weights, dnnl::convolution_forward(forward),
-      dnnl::convolution_backward_data(backward_data), dnnl::convolution_backward_weights(backward_weights)});
-  auto& stored = cache[key.str()];
-  stored = std::move(entry);
-  return *stored;
-}
-
-memory plain(const memory::dims& dims, tag layout, const paddle::Tensor& t) {
-  return memory({dims, memory::data_type::f32, layout}, cpu_engine(), const_cast<float*>(t.data<float>()));
+  return cached<ConvPrimitives>(key.str(), [&] {
+    auto& engine = cpu_engine();
+    memory::desc src(g.src, memory::data_type::f32, g.data_tag);
+    memory::desc dst(g.dst, memory::data_type::f32, g.data_tag);
+    memory::desc weights(g.weights, memory::data_type::f32, tag::any);
+    const auto algo = dnnl::algorithm::convolution_direct;
+    auto forward = dnnl::convolution_forward::primitive_desc(
+        engine, dnnl::prop_kind::forward_training, algo, src, weights, dst, g.strides, g.dilations, g.pad_l,
+        g.pad_r);
+    auto backward_data = dnnl::convolution_backward_data::primitive_desc(
+        engine, algo, src, weights, dst, g.strides, g.dilations, g.pad_l, g.pad_r, forward);
+    auto backward_weights = dnnl::convolution_backward_weights::primitive_desc(
+        engine, algo, src, weights, dst, g.strides, g.dilations, g.pad_l, g.pad_r, forward);
+    return ConvPrimitives{forward, backward_data, backward_weights, dnnl::convolution_forward(forward),
+                          dnnl::convolution_backward_data(backward_data),
+                          dnnl::convolution_backward_weights(backward_weights)};
+  });
 }
 
 // `user` reordered into `wanted` if the layouts differ.
@@ -138,10 +154,7 @@ std::vector<paddle::Tensor> OneDNNConv2dForward(const paddle::Tensor& x, const p
   check_inputs(x, w);
   const auto g = geometry(x.shape(), w.shape(), strides, paddings, dilations, groups, channels_last);
   const auto& p = primitives(g);
-  std::vector<int64_t> out_shape = channels_last
-      ? std::vector<int64_t>{g.dst[0], g.dst[2], g.dst[3], g.dst[1]}
-      : std::vector<int64_t>{g.dst[0], g.dst[1], g.dst[2], g.dst[3]};
-  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  auto out = paddle::empty(paddle_shape(g.dst, channels_last), paddle::DataType::FLOAT32, paddle::CPUPlace());
   dnnl::stream stream(cpu_engine());
   auto src = plain(g.src, g.data_tag, x);
   auto weights = as_layout(plain(g.weights, g.weights_tag, w), p.forward.weights_desc(), stream);
@@ -192,8 +205,7 @@ std::vector<std::vector<int64_t>> OneDNNConv2dInferShape(const std::vector<int64
                                                          const std::vector<int>& dilations, int groups,
                                                          bool channels_last, bool need_input_grad) {
   const auto g = geometry(x_shape, w_shape, strides, paddings, dilations, groups, channels_last);
-  if (channels_last) return {{g.dst[0], g.dst[2], g.dst[3], g.dst[1]}};
-  return {{g.dst[0], g.dst[1], g.dst[2], g.dst[3]}};
+  return {paddle_shape(g.dst, channels_last)};
 }
 
 std::vector<paddle::DataType> OneDNNConv2dInferDtype(const paddle::DataType& x_dtype,
@@ -231,32 +243,23 @@ struct NormPrimitives {
   dnnl::batch_normalization_backward backward_prim;
 };
 
-memory::dims norm_dims(const std::vector<int64_t>& shape, bool channels_last) {
-  PD_CHECK(shape.size() == 4, "ppdlx onednn batch_norm: 4-D input expected");
-  return channels_last ? memory::dims{shape[0], shape[3], shape[1], shape[2]}
-                       : memory::dims{shape[0], shape[1], shape[2], shape[3]};
-}
-
 const NormPrimitives& norm_primitives(const memory::dims& dims, bool channels_last, float epsilon,
                                       bool fuse_relu) {
-  static std::map<std::string, std::unique_ptr<NormPrimitives>> cache;
   std::ostringstream key;
   for (auto d : dims) key << d << ',';
   key << channels_last << ';' << epsilon << ';' << fuse_relu;
-  auto found = cache.find(key.str());
-  if (found != cache.end()) return *found->second;
-  auto& engine = cpu_engine();
-  memory::desc data(dims, memory::data_type::f32, channels_last ? tag::nhwc : tag::nchw);
-  auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
-  if (fuse_relu) flags = flags | dnnl::normalization_flags::fuse_norm_relu;
-  auto forward = dnnl::batch_normalization_forward::primitive_desc(
-      engine, dnnl::prop_kind::forward_training, data, data, epsilon, flags);
-  auto backward = dnnl::batch_normalization_backward::primitive_desc(
-      engine, dnnl::prop_kind::backward, data, data, data, epsilon, flags, forward);
-  auto& stored = cache[key.str()];
-  stored = std::unique_ptr<NormPrimitives>(new NormPrimitives{
-      forward, backward, dnnl::batch_normalization_forward(forward), dnnl::batch_normalization_backward(backward)});
-  return *stored;
+  return cached<NormPrimitives>(key.str(), [&] {
+    auto& engine = cpu_engine();
+    memory::desc data(dims, memory::data_type::f32, channels_last ? tag::nhwc : tag::nchw);
+    auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+    if (fuse_relu) flags = flags | dnnl::normalization_flags::fuse_norm_relu;
+    auto forward = dnnl::batch_normalization_forward::primitive_desc(
+        engine, dnnl::prop_kind::forward_training, data, data, epsilon, flags);
+    auto backward = dnnl::batch_normalization_backward::primitive_desc(
+        engine, dnnl::prop_kind::backward, data, data, data, epsilon, flags, forward);
+    return NormPrimitives{forward, backward, dnnl::batch_normalization_forward(forward),
+                          dnnl::batch_normalization_backward(backward)};
+  });
 }
 
 memory vec(const paddle::Tensor& t) {
@@ -270,7 +273,7 @@ std::vector<paddle::Tensor> OneDNNBatchNormForward(const paddle::Tensor& x, cons
                                                    bool channels_last, bool fuse_relu) {
   PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32 && x.is_contiguous(),
            "ppdlx onednn batch_norm: contiguous float32 CPU input expected");
-  const auto dims = norm_dims(x.shape(), channels_last);
+  const auto dims = dnnl_dims(x.shape(), channels_last);
   const auto& p = norm_primitives(dims, channels_last, epsilon, fuse_relu);
   auto y = paddle::empty(x.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
   auto mean = paddle::empty({dims[1]}, paddle::DataType::FLOAT32, paddle::CPUPlace());
@@ -280,8 +283,7 @@ std::vector<paddle::Tensor> OneDNNBatchNormForward(const paddle::Tensor& x, cons
   const auto layout = channels_last ? tag::nhwc : tag::nchw;
   dnnl::stream stream(cpu_engine());
   std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, memory({dims, memory::data_type::f32, layout}, cpu_engine(), const_cast<float*>(x.data<float>()))},
-      {DNNL_ARG_DST, memory({dims, memory::data_type::f32, layout}, cpu_engine(), y.data<float>())},
+      {DNNL_ARG_SRC, plain(dims, layout, x)}, {DNNL_ARG_DST, plain(dims, layout, y)},
       {DNNL_ARG_SCALE, vec(scale)}, {DNNL_ARG_SHIFT, vec(shift)},
       {DNNL_ARG_MEAN, vec(mean)}, {DNNL_ARG_VARIANCE, vec(variance)}};
   if (fuse_relu) {
@@ -296,16 +298,14 @@ std::vector<paddle::Tensor> OneDNNBatchNormBackward(const paddle::Tensor& x, con
                                                     const paddle::Tensor& mean, const paddle::Tensor& variance,
                                                     const paddle::Tensor& workspace, const paddle::Tensor& grad_y,
                                                     float epsilon, bool channels_last, bool fuse_relu) {
-  const auto dims = norm_dims(x.shape(), channels_last);
+  const auto dims = dnnl_dims(x.shape(), channels_last);
   const auto& p = norm_primitives(dims, channels_last, epsilon, fuse_relu);
   auto grad_y_c = grad_y.is_contiguous() ? grad_y : grad_y.contiguous();
   auto grad_x = paddle::empty(x.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
   auto grad_scale = paddle::empty({dims[1]}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   auto grad_shift = paddle::empty({dims[1]}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   const auto layout = channels_last ? tag::nhwc : tag::nchw;
-  auto data = [&](const paddle::Tensor& t) {
-    return memory({dims, memory::data_type::f32, layout}, cpu_engine(), const_cast<float*>(t.data<float>()));
-  };
+  auto data = [&](const paddle::Tensor& t) { return plain(dims, layout, t); };
   dnnl::stream stream(cpu_engine());
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, data(x)}, {DNNL_ARG_DIFF_DST, data(grad_y_c)}, {DNNL_ARG_DIFF_SRC, data(grad_x)},
@@ -361,10 +361,15 @@ struct PoolPrimitives {
   tag layout;
 };
 
+memory::dims pool_dst_dims(const memory::dims& src, const std::vector<int>& kernel,
+                           const std::vector<int>& strides, const std::vector<int>& paddings) {
+  return {src[0], src[1], (src[2] + paddings[0] + paddings[1] - kernel[0]) / strides[0] + 1,
+          (src[3] + paddings[2] + paddings[3] - kernel[1]) / strides[1] + 1};
+}
+
 const PoolPrimitives& pool_primitives(const std::vector<int64_t>& x_shape, const std::vector<int>& kernel,
                                       const std::vector<int>& strides, const std::vector<int>& paddings,
                                       bool channels_last) {
-  static std::map<std::string, std::unique_ptr<PoolPrimitives>> cache;
   PD_CHECK(x_shape.size() == 4 && kernel.size() == 2 && strides.size() == 2 && paddings.size() == 4,
            "ppdlx onednn max_pool2d: 4-D input, 2 kernel sizes, 2 strides and 4 paddings expected");
   std::ostringstream key;
@@ -374,29 +379,22 @@ const PoolPrimitives& pool_primitives(const std::vector<int64_t>& x_shape, const
     key << ';';
   }
   key << channels_last;
-  auto found = cache.find(key.str());
-  if (found != cache.end()) return *found->second;
-  const auto src = norm_dims(x_shape, channels_last);
-  memory::dims dst{src[0], src[1], 0, 0};
-  dst[2] = (src[2] + paddings[0] + paddings[1] - kernel[0]) / strides[0] + 1;
-  dst[3] = (src[3] + paddings[2] + paddings[3] - kernel[1]) / strides[1] + 1;
-  const auto layout = channels_last ? tag::nhwc : tag::nchw;
-  memory::desc src_md(src, memory::data_type::f32, layout), dst_md(dst, memory::data_type::f32, layout);
-  auto& engine = cpu_engine();
-  const memory::dims k{kernel[0], kernel[1]}, s{strides[0], strides[1]}, dil{0, 0};
-  const memory::dims pl{paddings[0], paddings[2]}, pr{paddings[1], paddings[3]};
-  auto forward = dnnl::pooling_forward::primitive_desc(engine, dnnl::prop_kind::forward_training,
-                                                       dnnl::algorithm::pooling_max, src_md, dst_md, s, k, dil, pl, pr);
-  auto backward = dnnl::pooling_backward::primitive_desc(engine, dnnl::algorithm::pooling_max, src_md, dst_md, s, k,
-                                                         dil, pl, pr, forward);
-  auto& stored = cache[key.str()];
-  stored = std::unique_ptr<PoolPrimitives>(new PoolPrimitives{
-      forward, backward, dnnl::pooling_forward(forward), dnnl::pooling_backward(backward), src, dst, layout});
-  return *stored;
-}
-
-std::vector<int64_t> paddle_shape(const memory::dims& d, bool channels_last) {
-  return channels_last ? std::vector<int64_t>{d[0], d[2], d[3], d[1]} : std::vector<int64_t>{d[0], d[1], d[2], d[3]};
+  return cached<PoolPrimitives>(key.str(), [&] {
+    const auto src = dnnl_dims(x_shape, channels_last);
+    const auto dst = pool_dst_dims(src, kernel, strides, paddings);
+    const auto layout = channels_last ? tag::nhwc : tag::nchw;
+    memory::desc src_md(src, memory::data_type::f32, layout), dst_md(dst, memory::data_type::f32, layout);
+    auto& engine = cpu_engine();
+    const memory::dims k{kernel[0], kernel[1]}, s{strides[0], strides[1]}, dil{0, 0};
+    const memory::dims pl{paddings[0], paddings[2]}, pr{paddings[1], paddings[3]};
+    auto forward = dnnl::pooling_forward::primitive_desc(engine, dnnl::prop_kind::forward_training,
+                                                         dnnl::algorithm::pooling_max, src_md, dst_md, s, k, dil, pl,
+                                                         pr);
+    auto backward = dnnl::pooling_backward::primitive_desc(engine, dnnl::algorithm::pooling_max, src_md, dst_md, s,
+                                                           k, dil, pl, pr, forward);
+    return PoolPrimitives{forward, backward, dnnl::pooling_forward(forward), dnnl::pooling_backward(backward),
+                          src, dst, layout};
+  });
 }
 
 }  // namespace
@@ -412,9 +410,8 @@ std::vector<paddle::Tensor> OneDNNMaxPoolForward(const paddle::Tensor& x, const 
                                  paddle::DataType::UINT8, paddle::CPUPlace());
   dnnl::stream stream(cpu_engine());
   p.forward_prim.execute(
-      stream, {{DNNL_ARG_SRC, memory({p.src, memory::data_type::f32, p.layout}, cpu_engine(),
-                                     const_cast<float*>(x.data<float>()))},
-               {DNNL_ARG_DST, memory({p.dst, memory::data_type::f32, p.layout}, cpu_engine(), y.data<float>())},
+      stream, {{DNNL_ARG_SRC, plain(p.src, p.layout, x)},
+               {DNNL_ARG_DST, plain(p.dst, p.layout, y)},
                {DNNL_ARG_WORKSPACE, memory(p.forward.workspace_desc(), cpu_engine(), workspace.data<uint8_t>())}});
   stream.wait();
   return {y, workspace};
@@ -429,9 +426,8 @@ std::vector<paddle::Tensor> OneDNNMaxPoolBackward(const paddle::Tensor& x, const
   auto grad_x = paddle::empty(x.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
   dnnl::stream stream(cpu_engine());
   p.backward_prim.execute(
-      stream, {{DNNL_ARG_DIFF_DST, memory({p.dst, memory::data_type::f32, p.layout}, cpu_engine(),
-                                          const_cast<float*>(grad_y_c.data<float>()))},
-               {DNNL_ARG_DIFF_SRC, memory({p.src, memory::data_type::f32, p.layout}, cpu_engine(), grad_x.data<float>())},
+      stream, {{DNNL_ARG_DIFF_DST, plain(p.dst, p.layout, grad_y_c)},
+               {DNNL_ARG_DIFF_SRC, plain(p.src, p.layout, grad_x)},
                {DNNL_ARG_WORKSPACE, memory(p.forward.workspace_desc(), cpu_engine(),
                                            const_cast<uint8_t*>(workspace.data<uint8_t>()))}});
   stream.wait();
@@ -442,9 +438,7 @@ std::vector<std::vector<int64_t>> OneDNNMaxPoolInferShape(const std::vector<int6
                                                           const std::vector<int>& kernel,
                                                           const std::vector<int>& strides,
                                                           const std::vector<int>& paddings, bool channels_last) {
-  const auto src = norm_dims(x_shape, channels_last);
-  memory::dims dst{src[0], src[1], (src[2] + paddings[0] + paddings[1] - kernel[0]) / strides[0] + 1,
-                   (src[3] + paddings[2] + paddings[3] - kernel[1]) / strides[1] + 1};
+  const auto dst = pool_dst_dims(dnnl_dims(x_shape, channels_last), kernel, strides, paddings);
   return {paddle_shape(dst, channels_last), {-1}};
 }
 
