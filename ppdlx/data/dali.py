@@ -20,11 +20,10 @@ sharding (the file order of every epoch comes from ``TrainBatchSampler`` /
   ``crop_size`` would keep (``decoders.image_crop``), resize it to ``crop_size``,
   normalise.  The reader pads the last batch (``pad_last_batch=True``) and the loader
   trims the padding off, so every val image is counted exactly once across ranks.
-* Iterator: GPU builds use ``nvidia.dali.plugin.paddle.DALIGenericIterator``.  CPU
-  outputs are handed to paddle zero-copy through DLPack
-  (``paddle.utils.dlpack.from_dlpack(TensorListCPU.as_tensor())``): with DALI's dynamic
-  executor every iteration's outputs are fresh buffers owned by the DLPack capsule, so
-  the paddle tensor stays valid after the pipeline runs on.
+* Hand-over: both devices run the pipeline directly and pass its outputs through
+  ``dali_handover.to_paddle`` (zero-copy DLPack, on paddle's current stream for GPU
+  buffers); everything after it (label reshape, trimming the padded last val batch) is
+  the same code on CPU and GPU.
 * Corrupt / unreadable files: DALI stops the pipeline with an error that does not name
   the file.  The loader then decodes the batches that were in flight one file at a time
   (a synchronous CPU pipeline) to find the culprit(s) and, with
@@ -46,6 +45,7 @@ import nvidia.dali.math as dmath
 import nvidia.dali.types as types
 import paddle
 
+from ppdlx.data.dali_handover import check_device, dali_device_id, to_paddle
 from ppdlx.data.image_folder import scan_image_folder
 from ppdlx.data.samplers import EvalBatchSampler, TrainBatchSampler
 from ppdlx.errors import ConfigError, DataError, UnsupportedError
@@ -54,18 +54,6 @@ log = logging.getLogger("ppdlx.data")
 
 _INTERP = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
 _DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16}
-
-
-def _gpu_device_id() -> int:
-    return int(os.environ.get("FLAGS_selected_gpus", "0").split(",")[0])
-
-
-def check_device(device: str) -> None:
-    if device == "gpu" and not (paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0):
-        raise UnsupportedError(
-            f"data.dali.device=gpu: this Paddle build has no CUDA device (paddle.is_compiled_with_cuda() is "
-            f"{paddle.is_compiled_with_cuda()}), so DALI's GPU outputs cannot reach paddle; "
-            f"set data.dali.device=cpu")
 
 
 def _graph(files, labels, t, dali_cfg, data_format, training_random: bool):
@@ -142,17 +130,6 @@ def find_undecodable(paths):
     return bad
 
 
-def to_paddle(tensor_list) -> paddle.Tensor:
-    """A dense DALI ``TensorListCPU`` as a paddle CPU tensor, zero-copy through DLPack.
-
-    ``as_tensor()`` views the batch as one ``TensorCPU`` (no copy for a dense batch);
-    ``from_dlpack`` wraps its buffer. The capsule's deleter holds DALI's buffer, and the
-    dynamic executor (``exec_dynamic=True``) never reuses an output buffer it handed out,
-    so the tensor stays valid while the pipeline runs on.
-    """
-    return paddle.utils.dlpack.from_dlpack(tensor_list.as_tensor())
-
-
 def _first_line(err, default=""):
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
     useful = [ln for ln in lines if "failure" in ln.lower() or "error:" in ln.lower() or "invalid" in ln.lower()]
@@ -198,8 +175,8 @@ class DaliLoader:
         self.epoch = 0
         self.skipped_files: list = []
         self._bad: set = set()
-        self._pipe = None          # (pipeline or iterator, order it reads) when it is at the start of `order`
-        self._to_gpu = paddle.get_device().startswith("gpu") and self.dali_cfg.device == "cpu"
+        self._pipe = None          # (pipeline, order it reads) when it is at the start of `order`
+        self.device = paddle.get_device()  # where batches go: paddle's device, whatever DALI runs on
 
     # ------------------------------------------------------------ interface
     @property
@@ -234,7 +211,6 @@ class DaliLoader:
     # ------------------------------------------------------------ pipeline
     def _build(self, order: list, position: int):
         c = self.dali_cfg
-        gpu = c.device == "gpu"
         seed = (self.seed * 1_000_003 + self.rank * 7_919 + self.epoch * 104_729 + position) % (2 ** 31 - 1)
         random = self.training and self.transforms.random
 
@@ -243,44 +219,33 @@ class DaliLoader:
                           self.data_format, random)
 
         pipe = _run_pipeline_def(graph, batch_size=self.batch_size, num_threads=c.num_threads,
-                                 device_id=_gpu_device_id() if gpu else None, seed=seed,
+                                 device_id=dali_device_id(c.device), seed=seed,
                                  prefetch_queue_depth=c.prefetch_queue_depth, exec_dynamic=True)
-        if gpu:
-            from nvidia.dali.plugin.paddle import DALIGenericIterator
-            # size=-1, no reader_name: an endless stream; this class cuts it into epochs.
-            return DALIGenericIterator([pipe], ["data", "label"], size=-1, auto_reset=False,
-                                       prepare_first_batch=False)
         pipe.build()
         return pipe
 
-    def _next(self, source):
-        if self.dali_cfg.device == "gpu":
-            batch = next(source)[0]
-            return batch["data"], batch["label"].reshape([-1])
-        images, labels = source.run()
-        images, labels = to_paddle(images), to_paddle(labels).reshape([-1])
-        if self._to_gpu:
-            images, labels = images.cuda(), labels.cuda()
-        return images, labels
+    def _next(self, pipe):
+        images, labels = pipe.run()
+        return to_paddle(images, self.device), to_paddle(labels, self.device).reshape([-1])
 
     # ------------------------------------------------------------ iterate
     def __iter__(self):
         order = self._order()
         bs = self.batch_size
         batches = len(self) if self.training else math.ceil(len(order) / bs)
-        source, built_at = None, 0
+        pipe, built_at = None, 0
         if self._pipe is not None and self._pipe[1] == order:
-            source = self._pipe[0]  # aligned at the start of the same order (val, or a fixed train order)
+            pipe = self._pipe[0]  # aligned at the start of the same order (val, or a fixed train order)
         self._pipe = None
         position, done = 0, 0
         while done < batches and position < len(order):
-            if source is None:
-                source = self._build(order[position:], position)
+            if pipe is None:
+                pipe = self._build(order[position:], position)
                 built_at = position
             try:
-                images, labels = self._next(source)
-            except (RuntimeError, StopIteration) as err:
-                source = None
+                images, labels = self._next(pipe)
+            except RuntimeError as err:
+                pipe = None
                 order = self._skip_unreadable(order, position, err)
                 if not self.training:
                     batches = math.ceil(len(order) / bs)
@@ -292,8 +257,8 @@ class DaliLoader:
             done += 1
             yield images, labels
         # The reader pads its last batch, so after a whole pass it is back at the start.
-        if source is not None and position == len(order) and built_at == 0:
-            self._pipe = (source, order)
+        if pipe is not None and position == len(order) and built_at == 0:
+            self._pipe = (pipe, order)
 
     def _skip_unreadable(self, order, position, err):
         window = self.batch_size * (self.dali_cfg.prefetch_queue_depth + 2)

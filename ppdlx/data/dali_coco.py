@@ -21,11 +21,11 @@ int64 (-1 pad), image_ids [N] int64, image_scales [N] float32)``.
   mean/std, CHW/HWC, padded bottom/right with 0 (after normalisation) to S x S.
   Boxes leave the pipeline normalised (plus the per-sample scaled size / offset); the host scales,
   shifts, clips, drops empty boxes and pads to ``max_instances`` (``coco.transform_boxes``/``pad_targets``).
-* Hand-over: CPU outputs go to paddle zero-copy through DLPack
-  (``paddle.utils.dlpack.from_dlpack``); DALI's paddle plugin iterator calls
-  ``paddle.CUDAPlace`` and fails on a CPU-only build. ``data.dali.device: gpu`` (mixed decode,
-  GPU resize/normalise, images handed over as CUDA DLPack like the plugin's dynamic-executor
-  path) needs a CUDA build of Paddle; on a CPU build it is one ``UnsupportedError`` line.
+* Hand-over: both devices run the pipeline directly; images go through
+  ``dali_handover.to_paddle`` (zero-copy DLPack, on paddle's current stream for GPU buffers) to
+  paddle's device, the small box/id/scale outputs are always CPU and are read as numpy. Only the
+  decode/resize/normalise device differs between ``data.dali.device: cpu`` and ``gpu``; on a
+  Paddle build without CUDA, ``gpu`` is one ``UnsupportedError`` line.
 """
 from __future__ import annotations
 
@@ -45,23 +45,13 @@ import numpy as np
 import paddle
 
 from ppdlx.data.coco import CocoIndex, coco_paths, pad_targets
+from ppdlx.data.dali_handover import check_device, dali_device_id, to_paddle
 from ppdlx.data.samplers import EvalBatchSampler, TrainBatchSampler
-from ppdlx.errors import ConfigError, DataError, UnsupportedError
+from ppdlx.errors import ConfigError, DataError
 
 log = logging.getLogger("ppdlx.data")
 
 _INTERP = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
-
-
-def check_device(device: str) -> None:
-    if device == "gpu" and not (paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0):
-        raise UnsupportedError(
-            f"data.dali.device=gpu: this Paddle build has no CUDA device (paddle.is_compiled_with_cuda() is "
-            f"{paddle.is_compiled_with_cuda()}), so DALI's GPU outputs cannot reach paddle; set data.dali.device=cpu")
-
-
-def _gpu_device_id() -> int:
-    return int(os.environ.get("FLAGS_selected_gpus", "0").split(",")[0])
 
 
 def write_reader_json(index: CocoIndex, path: str) -> None:
@@ -149,7 +139,7 @@ class DaliCocoLoader:
         self.epoch = 0
         self.skipped_files: list = []
         self._pipe = None
-        self._to_gpu = paddle.get_device().startswith("gpu") and self.dali_cfg.device == "cpu"
+        self.device = paddle.get_device()  # where images go: paddle's device, whatever DALI runs on
 
     # ------------------------------------------------------------ interface
     @property
@@ -185,7 +175,6 @@ class DaliCocoLoader:
 
     def _build(self, order):
         c, t, cc = self.dali_cfg, self.transforms, self.coco_cfg
-        gpu = c.device == "gpu"
         files = [self.index.records[i]["file"] for i in order]
         seed = (self.seed * 1_000_003 + self.rank * 7_919 + self.epoch * 104_729) % (2 ** 31 - 1)
 
@@ -195,7 +184,7 @@ class DaliCocoLoader:
                           cc.scale_range, t.interpolation, self.data_format, c.device)
 
         pipe = dali.pipeline_def(graph)(batch_size=self.batch_size, num_threads=c.num_threads,
-                                        device_id=_gpu_device_id() if gpu else None, seed=seed,
+                                        device_id=dali_device_id(c.device), seed=seed,
                                         prefetch_queue_depth=c.prefetch_queue_depth, exec_dynamic=True)
         try:
             pipe.build()
@@ -203,14 +192,6 @@ class DaliCocoLoader:
             raise DataError(f"{self.index.json_path}: DALI could not build the COCO reader: "
                             f"{str(err).strip().splitlines()[0][:300]}") from None
         return pipe
-
-    def _images_to_paddle(self, images):
-        if self.dali_cfg.device == "gpu":
-            tensor = images.as_tensor()
-            stream = paddle.device.cuda.current_stream(_gpu_device_id()).cuda_stream
-            return paddle.framework.core.from_dlpack(tensor.__dlpack__(stream=stream))
-        out = paddle.utils.dlpack.from_dlpack(images.as_tensor())
-        return out.cuda() if self._to_gpu else out
 
     def _targets(self, bboxes, labels, params, count):
         s, m = self.coco_cfg.image_size, self.coco_cfg.max_instances
@@ -250,7 +231,7 @@ class DaliCocoLoader:
             params = np.asarray(params.as_array(), np.float32)
             gt_boxes, gt_classes = self._targets(bboxes, labels, params, count)
             image_ids = np.asarray(ids.as_array()).reshape(-1)[:count].astype(np.int64)
-            images = self._images_to_paddle(images)
+            images = to_paddle(images, self.device)
             if count < bs:
                 images = images[:count]
             position += count

@@ -163,11 +163,73 @@ def test_cpu_outputs_reach_paddle_zero_copy(tree):
     held = []
     for _ in range(5):
         (out,) = pipe.run()
-        x = dali_backend.to_paddle(out)
+        x = dali_backend.to_paddle(out, "cpu")
         assert x.data_ptr() == out.as_tensor().data_ptr()  # same buffer: no copy
         held.append((x, x.numpy().copy()))
     # Buffers handed out are not recycled while paddle holds them.
     assert all(np.array_equal(x.numpy(), copy) for x, copy in held)
+
+
+def _plugin_dlpack_tensor(tensor_list):
+    """What DALIGenericIterator yields with the dynamic executor (nvidia/dali/plugin/paddle.py:348-353)."""
+    out = paddle.framework.core.from_dlpack(tensor_list.as_tensor().__dlpack__())
+    out.set_recursive_sequence_lengths([])
+    return out
+
+
+def _plugin_copied_tensor(tensor_list):
+    """What DALIGenericIterator yields without it: a LoDTensor filled by feed_ndarray (plugin/paddle.py:336-346)."""
+    from nvidia.dali.plugin.paddle import feed_ndarray, to_paddle_type
+    tensor = tensor_list.as_tensor()
+    out = paddle.framework.core.LoDTensor()
+    out._set_dims(tensor.shape())
+    feed_ndarray(tensor, out._mutable_data(paddle.CPUPlace(), to_paddle_type(tensor)))
+    return out
+
+
+BATCH_FORMS = {
+    "TensorList": lambda tl: tl,
+    "as_tensor": lambda tl: tl.as_tensor(),
+    "plugin_dlpack_DenseTensor": _plugin_dlpack_tensor,
+    "plugin_copied_DenseTensor": _plugin_copied_tensor,
+    "paddle.Tensor": lambda tl: paddle.utils.dlpack.from_dlpack(tl.as_tensor()),
+}
+
+
+@pytest.mark.parametrize("form", sorted(BATCH_FORMS))
+def test_every_output_form_reaches_a_model_as_a_paddle_tensor(tree, form):
+    """The hand-over both devices use, fed each object DALI or its paddle plugin yields for a batch."""
+    from ppdlx.models.resnet import resnet_tiny
+    root, _ = tree
+    loader = dali_backend.build_dali_loader(_cfg(root), "val")
+    images, labels = loader._build(loader._order(), 0).run()
+    assert type(BATCH_FORMS[form](images)).__name__ == {"TensorList": "TensorListCPU", "as_tensor": "TensorCPU",
+                                                        "paddle.Tensor": "Tensor"}.get(form, "DenseTensor")
+    x = dali_backend.to_paddle(BATCH_FORMS[form](images), loader.device)
+    y = dali_backend.to_paddle(BATCH_FORMS[form](labels), loader.device).reshape([-1])
+    assert isinstance(x, paddle.Tensor) and isinstance(y, paddle.Tensor) and x.place.is_cpu_place()
+    np.testing.assert_array_equal(x.numpy(), images.as_array())
+    np.testing.assert_array_equal(y.numpy(), labels.as_array().reshape(-1))
+    assert x.shape == [4, 3, 32, 32] and y.shape == [4] and y.dtype == paddle.int64
+    paddle.seed(0)
+    model = resnet_tiny(num_classes=3)
+    model.eval()
+    logits = model(x[:3])  # as the loader trims a padded last batch
+    loss = paddle.nn.functional.cross_entropy(logits, y[:3])
+    assert logits.shape == [3, 3] and np.isfinite(float(loss))
+
+
+@pytest.mark.parametrize("accessor", ["at", "getitem"])
+def test_per_sample_outputs_become_paddle_tensors(tree, accessor):
+    root, _ = tree
+    loader = dali_backend.build_dali_loader(_cfg(root), "val")
+    images, _ = loader._build(loader._order(), 0).run()
+    reference = images.as_array()
+    for i in range(len(images)):
+        sample = images.at(i) if accessor == "at" else images[i]
+        x = dali_backend.to_paddle(sample, "cpu")
+        assert isinstance(x, paddle.Tensor) and x.shape == [3, 32, 32]
+        np.testing.assert_array_equal(x.numpy(), reference[i])
 
 
 def test_file_root_labels_are_sorted_folder_indices(tree):

@@ -67,3 +67,20 @@ def test_gpu_on_a_cpu_build_is_one_line(shapes):
     with pytest.raises(UnsupportedError) as err:
         build_coco_loader(_cfg(shapes, "data.backend=dali", "data.dali.device=gpu"), "val")
     assert "data.dali.device=cpu" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_images_hand_over_like_classification(shapes):
+    """Detection images go through the classification loader's hand-over, which takes the DenseTensor that
+    DALI's paddle plugin yields on GPU (nvidia/dali/plugin/paddle.py:348-353) and gives a tensor layers accept."""
+    import paddle
+
+    from ppdlx.data import dali, dali_coco
+    from ppdlx.models.layers import ConvBNAct
+    loader = build_coco_loader(_cfg(shapes, "data.backend=dali"), "val")
+    images = loader._build(loader._order()).run()[0]
+    dense = paddle.framework.core.from_dlpack(images.as_tensor().__dlpack__())
+    assert dali_coco.to_paddle is dali.to_paddle
+    x = dali_coco.to_paddle(dense, loader.device)
+    assert isinstance(x, paddle.Tensor) and x.shape == [4, 3, 96, 96] and x.place.is_cpu_place()
+    np.testing.assert_array_equal(x.numpy(), images.as_array())
+    assert ConvBNAct(3, 8, 3, stride=2)(x[:3]).shape == [3, 8, 48, 48]

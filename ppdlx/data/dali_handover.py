@@ -1,0 +1,59 @@
+"""Where DALI runs and how its outputs become paddle tensors, shared by the DALI loaders.
+
+Both devices use the same code: the loader calls ``pipeline.run()`` and passes every output
+through ``to_paddle``; only the DALI operator devices and ``device_id`` differ.
+``nvidia.dali.plugin.paddle.DALIGenericIterator`` is not used: with the dynamic executor it
+only wraps ``__dlpack__(stream=current stream)`` in ``core.from_dlpack`` (DALI 2.4
+``plugin/paddle.py:348-353``) and so yields bare ``DenseTensor`` objects, which have no tensor
+methods and which layers refuse. ``paddle.utils.dlpack.from_dlpack`` makes the same call with
+paddle's current stream and wraps the result as a ``paddle.Tensor`` (Paddle 3.3
+``utils/dlpack.py:227-260``).
+"""
+from __future__ import annotations
+
+import paddle
+from nvidia.dali.backend import TensorListCPU, TensorListGPU
+
+from ppdlx.errors import UnsupportedError
+
+
+def check_device(dali_device: str) -> None:
+    """Refuse ``data.dali.device=gpu`` unless paddle itself runs on a CUDA device."""
+    if dali_device != "gpu":
+        return
+    if not (paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0):
+        raise UnsupportedError(
+            f"data.dali.device=gpu: this Paddle build has no CUDA device (paddle.is_compiled_with_cuda() is "
+            f"{paddle.is_compiled_with_cuda()}), so DALI's GPU outputs cannot reach paddle; set data.dali.device=cpu")
+    if not paddle.get_device().startswith("gpu"):
+        raise UnsupportedError(
+            f"data.dali.device=gpu: paddle runs on {paddle.get_device()}, so every GPU batch would be copied "
+            f"back; set global.device=gpu or data.dali.device=cpu")
+
+
+def dali_device_id(dali_device: str) -> int | None:
+    """``device_id`` for the pipeline: the GPU paddle runs on, or None for a CPU-only pipeline."""
+    if dali_device != "gpu":
+        return None
+    return int(paddle.get_device().split(":")[1])
+
+
+def to_paddle(output, device: str | None = None) -> paddle.Tensor:
+    """A DALI output (or what DALI's paddle plugin makes of one) as a ``paddle.Tensor`` on ``device``.
+
+    Accepts a dense ``TensorListCPU``/``TensorListGPU`` (one tensor for the whole batch), a
+    ``TensorCPU``/``TensorGPU`` (``as_tensor()``, ``tl[i]``), a numpy array (``TensorListCPU.at(i)``),
+    a ``DenseTensor`` (``core.from_dlpack``, as DALI's iterator yields) or a ``paddle.Tensor``.
+    DALI buffers are shared, not copied; with the dynamic executor DALI never reuses an output
+    it handed out, so the tensor stays valid while the pipeline runs on. For a GPU buffer,
+    ``from_dlpack`` passes paddle's current stream to ``__dlpack__`` and DALI makes that stream
+    wait until the data is ready. ``device`` (``"cpu"``, ``"gpu:0"``; None keeps DALI's place)
+    copies only when the data is elsewhere.
+    """
+    if isinstance(output, (TensorListCPU, TensorListGPU)):
+        output = output.as_tensor()
+    if isinstance(output, paddle.framework.core.DenseTensor):
+        output = paddle.Tensor(output, place=output._place())
+    elif not isinstance(output, paddle.Tensor):
+        output = paddle.utils.dlpack.from_dlpack(output)
+    return output if device is None else output.to(device=device)
