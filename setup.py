@@ -1,5 +1,11 @@
 from setuptools import find_packages, setup
 
+# Paddle is deliberately not in install_requires. The CPU build (`paddlepaddle`) and the CUDA build
+# (`paddlepaddle-gpu`) are two distributions of the same `paddle` package; naming either one makes pip
+# install it next to (and over) the other, e.g. the CPU wheel over a GPU image's Paddle. Install the
+# build you want first, or `pip install ".[cpu]"`; `import ppdlx` says so in one line when Paddle is missing.
+PADDLE_CPU = "paddlepaddle==3.3.1"  # the version requirements.txt pins and the code is verified against
+
 setup(
     name="ppdlx",
     version="0.1.0",
@@ -9,7 +15,6 @@ setup(
     package_data={"ppdlx": ["models/gpunet_archs/*.json", "ops/*.cc"]},
     python_requires=">=3.9",
     install_requires=[
-        "paddlepaddle>=3.0",  # or paddlepaddle-gpu: install the build for your CUDA first
         "numpy",
         "pillow",
         "pyyaml",
@@ -17,7 +22,8 @@ setup(
         "scikit-learn",       # the embedded digits demo data
     ],
     extras_require={
-        "dali": ["nvidia-dali-cuda120"],
+        "cpu": [PADDLE_CPU],
+        "dali": ["nvidia-dali-cuda120"],  # DALI's build for CUDA 12.x (its CPU pipelines need no GPU)
         "onnx": ["paddle2onnx", "onnxruntime"],
         "coco": ["pycocotools"],
         "test": ["pytest", "pycocotools", "paddle2onnx", "onnxruntime", "nvidia-dali-cuda120"],

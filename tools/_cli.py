@@ -7,8 +7,10 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:  # run from a checkout without installing
-    sys.path.insert(0, ROOT)
+if ROOT not in sys.path:
+    # Appended, not inserted first: an installed ppdlx (wheel or editable) is the one imported, so a broken
+    # install fails here instead of being hidden by the checkout; a checkout without any install still runs.
+    sys.path.append(ROOT)
 
 import ppdlx  # noqa: E402,F401  (sets MKL_DEBUG_CPU_TYPE before paddle loads)
 

@@ -1,0 +1,1 @@
+"""Training, evaluation and checkpointing: ``ppdlx.engine.run.train`` / ``evaluate`` drive the loops."""
