@@ -77,8 +77,77 @@ def build_scaler(plan: AmpPlan, amp_cfg):
 
 
 def decorate_o2(plan: AmpPlan, model, optimizer):
-    """O2 keeps fp32 master weights in the optimizer (multi_precision) and casts the model."""
+    """O2 keeps fp32 master weights in the optimizer (multi_precision) and casts the model's
+    parameters in place (``paddle.amp.auto_cast.amp_initialize``; norms stay fp32). Everything that
+    leaves the trainer -- checkpoints, EMA, evaluation -- goes through :func:`float32_state` /
+    :func:`evaluated_in_float32`, so an O2 run saves, evaluates and exports float32 weights."""
     if plan.enabled and plan.level == "O2":
         model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2",
                                                dtype=plan.dtype, master_weight=True)
     return model, optimizer
+
+
+def _is_low_precision(tensor) -> bool:
+    return tensor.dtype in (paddle.float16, paddle.bfloat16)
+
+
+def float32_state(model, optimizer=None) -> dict:
+    """``model.state_dict()`` in float32. Under O2 a parameter's exact value is the optimizer's fp32
+    master weight (the fp16 parameter is its rounded copy), so that is taken where it exists."""
+    masters = getattr(optimizer, "_master_weights", None) or {}
+    state = {}
+    for key, value in model.state_dict().items():
+        if _is_low_precision(value):
+            master = masters.get(value.name)
+            value = master if master is not None else value.astype("float32")
+        state[key] = value
+    return state
+
+
+def set_state_cast(model, state: dict) -> None:
+    """Set the entries of ``state`` (all or some of ``model.state_dict()``'s keys) into the model, each
+    cast to the dtype the model holds: a float32 checkpoint into an O2 model's fp16 parameters, or
+    back. ``Layer.set_state_dict`` refuses a dtype mismatch and warns for every key a partial dict
+    lacks."""
+    own = model.state_dict()
+    with paddle.no_grad():
+        for key, value in state.items():
+            target = own.get(key)
+            if target is None:
+                continue
+            if not paddle.is_tensor(value):
+                value = paddle.to_tensor(value)
+            if value.dtype != target.dtype:
+                value = value.astype(target.dtype)
+            target.set_value(value)
+
+
+@contextlib.contextmanager
+def evaluated_in_float32(model, optimizer=None):
+    """Within the block, an O2 model's fp16/bf16 parameters are float32 and hold the fp32 master
+    weights: evaluation (and an EMA swap) then runs on exactly the weights a checkpoint saves and an
+    export contains, and needs no autocast. Afterwards every parameter is back in its dtype with its
+    bits unchanged. Outside O2 this does nothing."""
+    low = {}
+    for layer in model.sublayers(include_self=True):
+        tensors = [t for t in list(layer._parameters.values()) + list(layer._buffers.values()) if t is not None]
+        dtypes = {t.dtype for t in tensors if _is_low_precision(t)}
+        if dtypes:
+            low[layer] = dtypes.pop()
+    if not low:
+        yield model
+        return
+    state = float32_state(model, optimizer)
+    saved = {key: value.clone() for key, value in model.state_dict().items() if _is_low_precision(value)}
+    with paddle.no_grad():
+        for layer in low:
+            layer._to_impl(dtype="float32", include_sublayers=False, floating_only=True)
+        set_state_cast(model, {key: state[key] for key in saved})
+    try:
+        yield model
+    finally:
+        with paddle.no_grad():
+            for layer, dtype in low.items():
+                # the in-place cast amp_initialize itself uses: the optimizer keeps its references
+                layer._to_impl(dtype=dtype, include_sublayers=False, floating_only=True)
+            set_state_cast(model, saved)

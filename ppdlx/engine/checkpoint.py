@@ -15,6 +15,7 @@ import random
 import numpy as np
 import paddle
 
+from ppdlx.engine.amp import set_state_cast
 from ppdlx.errors import ConfigError
 
 SUFFIXES = (".pdparams", ".pdopt", ".pdstates")
@@ -101,7 +102,7 @@ def load_weights(model, path: str) -> list:
     if own and len(unexpected) == len(loaded):
         raise ConfigError(f"model.weights={path}: no parameter names match the model "
                           f"(file has e.g. '{unexpected[0]}', model has e.g. '{next(iter(own))}')")
-    model.set_state_dict({k: v for k, v in loaded.items() if k in own})
+    set_state_cast(model, {k: v for k, v in loaded.items() if k in own})
     return [k for k in own if k not in loaded]
 
 

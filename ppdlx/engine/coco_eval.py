@@ -166,7 +166,8 @@ class CocoEvaluator:
         from ppdlx.engine.amp import autocast
         detections, image_ids = [], []
         for images, _, _, ids, scales in self.loader:
-            if self.amp_plan is not None:
+            # O1 only: an O2 model is evaluated in float32 on its master weights (amp.evaluated_in_float32)
+            if self.amp_plan is not None and self.amp_plan.level == "O1":
                 with autocast(self.amp_plan):
                     cls_out, box_out = model(images)
             else:

@@ -210,9 +210,10 @@ def build_detection_training(cfg, hooks=()):
     steps = max(steps, 1)
     lr_schedule = build_lr_schedule(cfg, global_batch, steps)
     optimizer = build_optimizer(cfg, model, lr_schedule, multi_precision=amp_plan.enabled)
+    # EMA shadows start from the float32 weights, before O2 rounds the parameters to fp16
+    ema = ModelEMA(model, cfg.ema.decay, cfg.ema.dynamic_decay) if cfg.ema.enabled else None
     model, optimizer = decorate_o2(amp_plan, model, optimizer)
     raw_model = model
-    ema = ModelEMA(raw_model, cfg.ema.decay, cfg.ema.dynamic_decay) if cfg.ema.enabled else None
     if world > 1:
         model = paddle.DataParallel(model)
     bn_loader = build_precise_bn_loader(cfg, rank, world, train_loader.cat_ids) if cfg.detection.precise_bn_batches \

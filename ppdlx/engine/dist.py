@@ -6,6 +6,8 @@ import os
 import paddle
 import paddle.distributed as dist
 
+from ppdlx.errors import PpdlxError
+
 
 def world_size() -> int:
     return int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
@@ -29,6 +31,70 @@ def all_reduce_sum(values):
     t = paddle.to_tensor([float(v) for v in values], dtype="float64")
     dist.all_reduce(t)
     return t.numpy().tolist()
+
+
+def all_reduce_min_(tensor) -> None:
+    """In place, on the tensor's device (no host round trip)."""
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+
+
+def running_statistics(layer) -> dict:
+    """Structured name -> tensor of every running statistic of ``layer``: BatchNorm means and
+    variances (Paddle keeps them as parameters with stop_gradient) and floating buffers."""
+    from paddle.nn.layer.norm import _BatchNormBase
+    found = {}
+    for prefix, sub in layer.named_sublayers(include_self=True):
+        dot = f"{prefix}." if prefix else ""
+        if isinstance(sub, _BatchNormBase):
+            found[f"{dot}_mean"], found[f"{dot}_variance"] = sub._mean, sub._variance
+        for name, value in sub._buffers.items():
+            if value is not None and paddle.is_floating_point(value):
+                found[f"{dot}{name}"] = value
+    return found
+
+
+@paddle.no_grad()
+def average_buffers(layer) -> int:
+    """Average every running statistic of ``layer`` over the ranks (timm's ``distribute_bn`` reduce)."""
+    buffers = running_statistics(layer)
+    for value in buffers.values():
+        dist.all_reduce(value)
+        value.set_value(value / world_size())
+    return len(buffers)
+
+
+@paddle.no_grad()
+def average_buffers_in(state: dict, layer) -> None:
+    """The same for the entries of ``state`` (e.g. EMA shadows) that are buffers of ``layer``."""
+    for name in running_statistics(layer):
+        if name in state:
+            dist.all_reduce(state[name])
+            state[name].set_value(state[name] / world_size())
+
+
+class RanksDivergedError(PpdlxError):
+    exit_code = 5
+
+
+@paddle.no_grad()
+def check_parameters_in_sync(layer, when: str) -> None:
+    """Raise if a parameter differs between ranks: one float64 fingerprint per parameter, min and max
+    all-reduced (two small collectives), so a kernel or hook that bypasses DataParallel's gradient
+    all-reduce is named instead of silently training different models on each rank."""
+    named = [(n, p) for n, p in layer.named_parameters()]
+    if not named:
+        return
+    prints = paddle.stack([paddle.concat([p.astype("float64").sum().reshape([1]),
+                                          (p.astype("float64") ** 2).sum().reshape([1])]) for _, p in named])
+    low, high = prints.clone(), prints.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    differ = (high - low).abs().sum(axis=1).numpy()
+    if differ.max() > 0:
+        first = int(differ.argmax())
+        raise RanksDivergedError(f"data-parallel ranks hold different weights {when} (e.g. parameter "
+                                 f"'{named[first][0]}', {int((differ > 0).sum())} of {len(named)} differ): a layer "
+                                 f"or hook bypasses DataParallel's gradient all-reduce")
 
 
 def barrier():

@@ -5,8 +5,13 @@ import contextlib
 
 import paddle
 
+from ppdlx.engine.amp import float32_state, set_state_cast
+
 
 class ModelEMA:
+    """Shadows are float32 whatever the model's precision: under AMP O2 they average the optimizer's
+    fp32 master weights (pass ``optimizer`` to :meth:`update`), not the rounded fp16 parameters."""
+
     def __init__(self, model, decay: float, dynamic_decay: bool = False):
         self.decay, self.dynamic_decay = decay, dynamic_decay
         self.updates = 0
@@ -20,10 +25,10 @@ class ModelEMA:
         return self.decay
 
     @paddle.no_grad()
-    def update(self, model) -> None:
+    def update(self, model, optimizer=None) -> None:
         d = self.current_decay()
         self.updates += 1
-        for k, v in model.state_dict().items():
+        for k, v in float32_state(model, optimizer).items():
             if k in self.shadow:
                 s = self.shadow[k]
                 s.set_value(s * d + v.detach().astype("float32") * (1.0 - d))
@@ -32,7 +37,7 @@ class ModelEMA:
     def swapped_into(self, model):
         """Temporarily load the EMA weights into ``model`` (e.g. for evaluation)."""
         backup = {k: v.detach().clone() for k, v in model.state_dict().items() if k in self.shadow}
-        model.set_state_dict(self.shadow)
+        set_state_cast(model, self.shadow)
         try:
             yield model
         finally:
@@ -42,7 +47,7 @@ class ModelEMA:
                 for k, v in model.state_dict().items():
                     if k in self.shadow and v.stop_gradient:  # BN statistics (and frozen weights: unchanged)
                         self.shadow[k].set_value(v.detach().astype("float32"))
-            model.set_state_dict(backup)
+            set_state_cast(model, backup)
 
     def state_dict(self):
         return {"updates": self.updates, "shadow": {k: v.numpy() for k, v in self.shadow.items()}}

@@ -83,9 +83,10 @@ def build_training(cfg, hooks=()):
     steps = max(steps, 1)
     lr_schedule = build_lr_schedule(cfg, global_batch, steps)
     optimizer = build_optimizer(cfg, model, lr_schedule, multi_precision=amp_plan.enabled)
+    # EMA shadows start from the float32 weights, before O2 rounds the parameters to fp16
+    ema = ModelEMA(model, cfg.ema.decay, cfg.ema.dynamic_decay) if cfg.ema.enabled else None
     model, optimizer = decorate_o2(amp_plan, model, optimizer)
     raw_model = model
-    ema = ModelEMA(raw_model, cfg.ema.decay, cfg.ema.dynamic_decay) if cfg.ema.enabled else None
     if cfg.train.graph == "to_static":
         # The model only (AST, full_graph=True): bit-identical to dynamic under PIR and legacy IR;
         # the train step cannot be AST-converted (loss.backward) -- docs/graph_modes.md.

@@ -20,7 +20,7 @@ import paddle
 
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine import dist
-from ppdlx.engine.amp import AmpPlan, autocast
+from ppdlx.engine.amp import AmpPlan, autocast, evaluated_in_float32, float32_state, set_state_cast
 from ppdlx.engine.logger import MetricLogger, format_eta
 from ppdlx.errors import PpdlxError
 
@@ -66,6 +66,10 @@ class Trainer:
         self.logger = MetricLogger(self.output_dir, self.rank)
         self._nonfinite_run = 0
         self._skipped_steps = 0
+        self._skipped_logged = 0
+        # With a loss scaler the finite check stays on the device until the next log line:
+        # [current run of non-finite steps, longest run since the last read, skipped since the last read]
+        self._nonfinite_on_device = None
 
     # ----------------------------------------------------------------- helpers
     def _call_hooks(self, method, *args):
@@ -97,7 +101,8 @@ class Trainer:
         if self.rank != 0:
             return
         latest = os.path.join(self.output_dir, "latest")
-        ckpt.save_checkpoint(latest, self.raw_model.state_dict(), self.optimizer.state_dict(), self._states())
+        ckpt.save_checkpoint(latest, float32_state(self.raw_model, self.optimizer), self.optimizer.state_dict(),
+                             self._states())
         copies = []
         if improved:
             copies.append("best")
@@ -112,7 +117,7 @@ class Trainer:
 
     def resume(self, prefix: str) -> None:
         model_state, opt_state, states = ckpt.load_checkpoint(prefix)
-        self.raw_model.set_state_dict(model_state)
+        set_state_cast(self.raw_model, model_state)  # float32 on disk; O2 parameters are fp16
         if opt_state is not None:
             self.optimizer.set_state_dict(opt_state)
         self.epoch = int(states["epoch"])
@@ -149,20 +154,56 @@ class Trainer:
         self.global_step += 1
         self._call_hooks("after_optimizer_step")
         if self.ema is not None:
-            self.ema.update(self.raw_model)
+            self.ema.update(self.raw_model, self.optimizer)
 
-    def _check_finite(self, loss) -> bool:
-        if bool(paddle.isfinite(loss).all()):
+    def _window_finite(self, flag):
+        """All ranks' verdict on this window's losses (a device tensor): every rank skips or applies
+        the same steps, and a persistent NaN stops them all at the same step."""
+        if self.world_size > 1:
+            flag = flag.astype("int32")
+            dist.all_reduce_min_(flag)
+        return flag
+
+    def _apply_window(self, finite) -> None:
+        """The window's gradients were all-reduced whatever its losses (every rank ran backward, so
+        DataParallel's collectives stay in order); now step or skip."""
+        if self.scaler is not None:
+            # The scaler itself skips an update with non-finite gradients, identically on every rank
+            # (the gradients are all-reduced): count the losses on the device, read them when logging.
+            self._optimizer_step()
+            bad = 1 - finite.astype("int64").reshape([1])
+            counts = self._nonfinite_on_device
+            if counts is None:
+                counts = paddle.concat([paddle.full([1], self._nonfinite_run, "int64"), paddle.zeros([2], "int64")])
+            run = (counts[0:1] + 1) * bad
+            self._nonfinite_on_device = paddle.concat([run, paddle.maximum(counts[1:2], run), counts[2:3] + bad])
+            return
+        if bool(finite):  # the one host read per optimizer step: the skip decision needs it
             self._nonfinite_run = 0
-            return True
-        self._nonfinite_run += 1
-        self._skipped_steps += 1
-        if self._nonfinite_run >= self.max_nonfinite_steps:
+            self._optimizer_step()
+            return
+        self.optimizer.clear_grad(set_to_zero=False)
+        self._count_nonfinite(1, self._nonfinite_run + 1)
+
+    def _count_nonfinite(self, skipped: int, run: int) -> None:
+        self._nonfinite_run = run
+        self._skipped_steps += skipped
+        if run >= self.max_nonfinite_steps:
             raise NonFiniteLossError(
-                f"loss was NaN/inf for {self._nonfinite_run} consecutive steps (epoch {self.epoch + 1}, "
+                f"loss was NaN/inf for {run} consecutive steps (epoch {self.epoch + 1}, "
                 f"step {self.global_step}); lower lr.base_lr, enable amp loss scaling, or check the data")
-        log.warning("non-finite loss at epoch %d step %d: step skipped", self.epoch + 1, self.global_step)
-        return False
+        if skipped:
+            log.warning("non-finite loss at epoch %d step %d: %d step(s) skipped", self.epoch + 1,
+                        self.global_step, skipped)
+
+    def _read_device_counts(self) -> None:
+        if self._nonfinite_on_device is None:
+            return
+        run, longest, skipped = (int(v) for v in self._nonfinite_on_device.numpy())
+        self._nonfinite_on_device = None
+        if longest >= self.max_nonfinite_steps:
+            self._count_nonfinite(skipped, longest)
+        self._count_nonfinite(skipped, run)
 
     def train_one_epoch(self) -> None:
         self.model.train()
@@ -173,7 +214,7 @@ class Trainer:
         window_start = time.perf_counter()
         epoch_start = window_start
         done_micro = 0
-        micro_images = 0
+        window_finite = None
         for micro, batch in enumerate(self.train_loader):
             if micro >= micro_total:
                 break
@@ -184,20 +225,18 @@ class Trainer:
             with sync:
                 with autocast(self.amp):
                     loss, n_images = self.objective(self.model, batch, self.epoch, self.global_step)
-                finite = self._check_finite(loss)
-                if finite or self.scaler is not None:
-                    self._backward(loss / self.accumulate if self.accumulate > 1 else loss)
-            micro_images += n_images
+                finite = paddle.isfinite(loss).all()
+                window_finite = finite if window_finite is None else paddle.logical_and(window_finite, finite)
+                self._backward(loss / self.accumulate if self.accumulate > 1 else loss)
             window_images += n_images
             done_micro += 1
             if not last_of_window:
                 continue
-            if finite or self.scaler is not None:
-                self._optimizer_step()
-            else:
-                self.optimizer.clear_grad(set_to_zero=False)
+            self._apply_window(self._window_finite(window_finite))
+            window_finite = None
             step_in_epoch = done_micro // self.accumulate
             if step_in_epoch % self.log_interval == 0 or step_in_epoch == steps:
+                self._read_device_counts()
                 now = time.perf_counter()
                 ips_device = window_images / max(now - window_start, 1e-9)
                 ips_global = ips_device * self.world_size
@@ -211,25 +250,38 @@ class Trainer:
                     f"lr {lr:.5f} ips {ips_global:.1f} img/s global ({ips_device:.1f}/device x "
                     f"{self.world_size}) eta {format_eta(eta)}",
                     self.global_step, epoch=self.epoch + 1, loss=loss_v, lr=lr, ips_global=ips_global,
-                    ips_per_device=ips_device, eta_s=round(eta, 1))
+                    ips_per_device=ips_device, eta_s=round(eta, 1), skipped_steps=self._skipped_steps)
                 window_images, window_start = 0, time.perf_counter()
 
     def evaluate(self) -> dict:
         if self.evaluator is None:
             return {}
-        if self.ema is not None and self.eval_with_ema:
-            with self.ema.swapped_into(self.raw_model):
+        with evaluated_in_float32(self.raw_model, self.optimizer):
+            if self.ema is not None and self.eval_with_ema:
+                with self.ema.swapped_into(self.raw_model):
+                    metrics = self.evaluator(self.raw_model)
+                metrics["weights"] = "ema"
+            else:
                 metrics = self.evaluator(self.raw_model)
-            metrics["weights"] = "ema"
-        else:
-            metrics = self.evaluator(self.raw_model)
         return metrics
+
+    def sync_ranks(self) -> None:
+        """DataParallel all-reduces gradients, not buffers: each rank's BatchNorm statistics follow its
+        own shard. Average them (and the EMA's) over the ranks before they are evaluated or saved, so that
+        every rank evaluates, and rank 0 saves, the same model; and check that the parameters agree."""
+        if self.world_size <= 1:
+            return
+        dist.average_buffers(self.raw_model)
+        if self.ema is not None:
+            dist.average_buffers_in(self.ema.shadow, self.raw_model)
+        dist.check_parameters_in_sync(self.raw_model, f"after epoch {self.epoch}")
 
     def fit(self) -> dict:
         self._call_hooks("before_train")
         while self.epoch < self.epochs:
             self.train_one_epoch()
             self.epoch += 1
+            self.sync_ranks()
             metrics = {}
             if self.evaluator is not None and (self.epoch % self.eval_interval == 0 or self.epoch == self.epochs):
                 metrics = self.evaluate()

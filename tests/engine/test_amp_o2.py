@@ -1,0 +1,119 @@
+"""AMP O2 (fp16 parameters, fp32 master weights) through evaluation, EMA, save, resume and loading into a
+float32 model, on CPU.
+
+On a GPU ``paddle.amp.decorate(level="O2")`` casts the parameters with
+``paddle.amp.auto_cast.amp_initialize`` and the optimizer (multi_precision) creates fp32 master weights
+at its first step with ``_create_master_weight``; on a CPU place decorate returns early, so the tests call
+those two functions themselves: the model and optimizer are then in exactly the state a GPU O2 run has.
+"""
+import numpy as np
+import paddle
+import pytest
+from paddle.amp.auto_cast import amp_initialize
+
+from ppdlx.config import load_config
+from ppdlx.engine import checkpoint as ckpt
+from ppdlx.engine.builders import build_model
+from ppdlx.engine.run import build_training
+
+CONFIG = "configs/demo/rn50_demo.yaml"
+
+
+def _cfg(tree, out, *extra):
+    return load_config(CONFIG, [f"data.root={tree}", "model.name=resnet18_bottleneck_tiny", "model.num_classes=4",
+                                "data.workers=0", "data.backend=paddle", "global.cpu_fast_kernels=false",
+                                f"global.output_dir={out}", "ema.enabled=true", "ema.decay=0.5", *extra])
+
+
+def _to_o2(trainer, exact: dict):
+    """The GPU O2 state: fp16 parameters, fp32 masters holding the exact (pre-cast) values."""
+    amp_initialize(models=[trainer.raw_model], dtype="float16", excluded_layers=None)
+    names = {p.name: k for k, p in trainer.raw_model.state_dict().items()}
+    for p in trainer.raw_model.parameters():
+        if p.dtype == paddle.float16:
+            trainer.optimizer._create_master_weight(p)
+            trainer.optimizer._master_weights[p.name].set_value(paddle.to_tensor(exact[names[p.name]]))
+
+
+def _perturbed_fp32(trainer) -> dict:
+    """Weights with bits below fp16's precision, so that 'saved the masters' and 'saved the rounded
+    fp16 copy' differ."""
+    rng = np.random.default_rng(0)
+    state = {}
+    for k, v in trainer.raw_model.state_dict().items():
+        a = v.numpy()
+        if k.endswith("weight") and a.ndim > 1:
+            a = (a * (1 + 1e-3 * rng.standard_normal(a.shape))).astype(np.float32)
+        state[k] = a
+    trainer.raw_model.set_state_dict({k: paddle.to_tensor(a) for k, a in state.items()})
+    return state
+
+
+@pytest.fixture
+def o2_trainer(tiny_tree, tmp_path):
+    with paddle.utils.unique_name.guard():  # parameter names as in a fresh process (optimizer state keys)
+        trainer = build_training(_cfg(tiny_tree, tmp_path / "run"))
+    trainer.tree = tiny_tree
+    exact = _perturbed_fp32(trainer)
+    trainer.ema.shadow = {k: paddle.to_tensor(a) for k, a in exact.items()}
+    reference = trainer.evaluate()
+    _to_o2(trainer, exact)
+    return trainer, exact, reference
+
+
+def test_o2_model_evaluates_its_float32_masters_and_stays_fp16(o2_trainer):
+    trainer, exact, reference = o2_trainer
+    params_before = {id(p) for p in trainer.optimizer._parameter_list}
+    fp16_before = {k: v.numpy().copy() for k, v in trainer.raw_model.state_dict().items()
+                   if v.dtype == paddle.float16}
+    assert len(fp16_before) > 10
+    # Before: fp32 images into fp16 convolutions -> "The type of data we are trying to retrieve (float32)
+    # does not match"; the EMA swap -> "Variable dtype not match".
+    metrics = trainer.evaluate()
+    assert metrics["weights"] == "ema"
+    assert metrics["images"] == reference["images"] == 16
+    assert abs(metrics["top1"] - reference["top1"]) < 1e-9
+    assert abs(metrics["loss"] - reference["loss"]) < 1e-6 * max(1.0, abs(reference["loss"]))
+    trainer.ema = None
+    assert abs(trainer.evaluate()["loss"] - reference["loss"]) < 1e-6 * max(1.0, abs(reference["loss"]))
+    after = trainer.raw_model.state_dict()
+    for k, v in fp16_before.items():
+        assert after[k].dtype == paddle.float16 and np.array_equal(after[k].numpy(), v), k
+    assert {id(p) for p in trainer.optimizer._parameter_list} == params_before
+
+
+def test_o2_checkpoint_is_float32_masters_and_loads_anywhere(o2_trainer, tmp_path):
+    trainer, exact, reference = o2_trainer
+    trainer.epoch = 1
+    trainer.save(improved=True)
+    saved = paddle.load(str(tmp_path / "run" / "best.pdparams"))
+    for k, a in exact.items():
+        # Before: the fp16 parameters were saved, so model.weights / eval / export refused them.
+        assert saved[k].dtype == paddle.float32 and np.array_equal(saved[k].numpy(), a), k
+    # weights-only into a float32 model (model.weights, eval, export)
+    fresh = build_model(_cfg("unused", tmp_path / "x"))
+    ckpt.load_weights(fresh, str(tmp_path / "run" / "best"))
+    assert all(np.array_equal(v.numpy(), exact[k]) for k, v in fresh.state_dict().items())
+    # resume into another O2 run: fp16 parameters from the float32 file, masters from the optimizer state
+    with paddle.utils.unique_name.guard():  # a resume is a new process: the same parameter names
+        other = build_training(_cfg(trainer.tree, tmp_path / "run2"))
+    _to_o2(other, {k: np.zeros_like(a) for k, a in exact.items()})
+    other.resume(str(tmp_path / "run" / "latest"))
+    state = other.raw_model.state_dict()
+    masters = other.optimizer._master_weights
+    for k, p in trainer.raw_model.state_dict().items():
+        if p.dtype == paddle.float16:
+            assert state[k].dtype == paddle.float16
+            assert np.array_equal(state[k].numpy(), exact[k].astype(np.float16)), k
+            assert np.array_equal(masters[state[k].name].numpy(), exact[k]), k
+
+
+def test_ema_averages_the_masters_not_the_rounded_parameters(o2_trainer):
+    trainer, exact, _ = o2_trainer
+    ema = trainer.ema
+    zero = {k: paddle.zeros_like(v) for k, v in ema.shadow.items()}
+    ema.shadow, ema.decay, ema.dynamic_decay = zero, 0.0, False
+    ema.update(trainer.raw_model, trainer.optimizer)
+    for k, a in exact.items():
+        assert ema.shadow[k].dtype == paddle.float32
+        assert np.array_equal(ema.shadow[k].numpy(), a), k
