@@ -7,11 +7,13 @@
  *               [--warmup W] [--repeats R]
  *
  * MODEL_DIR is a tools/export_model.py export: inference.json (PIR) or inference.pdmodel (legacy
- * program) + inference.pdiparams; the program file is chosen by which file exists. --input is a
+ * program) + inference.pdiparams; the program file is chosen by which file exists, and --backend trt
+ * needs the legacy one (model_select.h: the TensorRT subgraph engine skips PIR programs). --input is a
  * raw little-endian float32 tensor already pre-processed as inference.yml says (see README.md:
  * `deploy/python/infer.py` can write one); without it a constant image is used (benchmarking).
- * Prints the top-5 classes of the first image and, with --repeats, latency mean/p50/p90/p95/p99
- * (true percentiles of per-batch times, warm-up excluded) and throughput.
+ * Prints the engine that runs the network (onednn, cuda, paddle-trt-subgraph), the top-5 classes of
+ * the first image and, with --repeats, latency mean/p50/p90/p95/p99 (true percentiles of per-batch
+ * times, warm-up excluded) and throughput.
  */
 #include <errno.h>
 #include <math.h>
@@ -22,6 +24,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "model_select.h"
 #include "pd_inference_api.h"
 
 typedef struct {
@@ -32,11 +35,6 @@ typedef struct {
 static void die(const char *msg, const char *arg) {
   fprintf(stderr, "error: %s%s%s\n", msg, arg ? " " : "", arg ? arg : "");
   exit(2);
-}
-
-static int file_exists(const char *path) {
-  struct stat st;
-  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 static double now_ms(void) {
@@ -93,19 +91,22 @@ static PD_PrecisionType precision_of(const char *p) {
 
 int main(int argc, char **argv) {
   Args a = parse(argc, argv);
-  char prog[4096], params[4096], cache[4096];
-  snprintf(params, sizeof params, "%s/inference.pdiparams", a.model_dir);
-  snprintf(prog, sizeof prog, "%s/inference.json", a.model_dir);          /* Paddle 3 PIR program */
-  if (!file_exists(prog)) snprintf(prog, sizeof prog, "%s/inference.pdmodel", a.model_dir);  /* legacy */
-  if (!file_exists(prog)) die("no inference.json or inference.pdmodel in", a.model_dir);
-  if (!file_exists(params)) die("missing", params);
+  char cache[4096], why[1024];
+  PD_PrecisionType precision = precision_of(a.precision);
+  ProgramChoice choice;
+  int refused = ppdlx_choose_program(a.model_dir, a.backend, a.precision, &choice, why, sizeof why);
+  if (refused) {
+    fprintf(stderr, "error: %s\n", why);
+    return refused;
+  }
+  const char *prog = choice.prog;
   snprintf(cache, sizeof cache, "%s", a.trt_cache ? a.trt_cache : a.model_dir);
+  printf("engine %s: %s\n", choice.engine, prog);
 
   /* ---- configuration: the same choices as deploy/python/infer.py's plan */
   PD_Config *config = PD_ConfigCreate();
-  PD_ConfigSetModel(config, prog, params);
+  PD_ConfigSetModel(config, prog, choice.params);
   PD_ConfigSwitchIrOptim(config, TRUE);
-  PD_PrecisionType precision = precision_of(a.precision);
   int32_t shape[4];
   int32_t c_first = !strcmp(a.layout, "NCHW");
   if (!strcmp(a.backend, "cpu")) {
@@ -134,8 +135,6 @@ int main(int argc, char **argv) {
       int32_t *mins[1] = {mn}, *maxs[1] = {mx}, *opts[1] = {opt};
       PD_ConfigSetTrtDynamicShapeInfo(config, 1, names, dims, mins, maxs, opts, FALSE);
     }
-  } else {
-    die("--backend must be cpu, gpu or trt, got", a.backend);
   }
 
   PD_Predictor *predictor = PD_PredictorCreate(config); /* takes ownership of config */
@@ -169,6 +168,15 @@ int main(int argc, char **argv) {
   PD_TensorReshape(input, 4, shape);
   PD_TensorCopyFromCpuFloat(input, data);
   if (!PD_PredictorRun(predictor)) die("PD_PredictorRun failed", NULL);
+  if (!strcmp(choice.engine, "paddle-trt-subgraph")) {
+    int engines = ppdlx_count_files_with_prefix(cache, "trt_serialized_");
+    if (!engines) {
+      fprintf(stderr, "error: --backend trt: Paddle-TRT built no engine (no trt_serialized_* in %s after the first "
+                      "run), so the model would run on plain CUDA; use --backend gpu for that\n", cache);
+      return 3;
+    }
+    printf("engine %s: %d TensorRT engine(s) in %s\n", choice.engine, engines, cache);
+  }
   PD_OneDimArrayInt32 *oshape = PD_TensorGetShape(output);
   size_t out_count = 1;
   for (size_t d = 0; d < oshape->size; ++d) out_count *= (size_t)oshape->data[d];
@@ -201,8 +209,8 @@ int main(int argc, char **argv) {
     }
     qsort(ms, a.repeats, sizeof(double), cmp_double);
     double mean = total / a.repeats;
-    printf("backend %s %s bs %d: %.2f img/s, latency ms mean %.3f p50 %.3f p90 %.3f p95 %.3f p99 %.3f\n",
-           a.backend, a.precision, a.batch, a.batch * 1000.0 / mean, mean, percentile(ms, a.repeats, 50),
+    printf("backend %s %s engine %s bs %d: %.2f img/s, latency ms mean %.3f p50 %.3f p90 %.3f p95 %.3f p99 %.3f\n",
+           a.backend, a.precision, choice.engine, a.batch, a.batch * 1000.0 / mean, mean, percentile(ms, a.repeats, 50),
            percentile(ms, a.repeats, 90), percentile(ms, a.repeats, 95), percentile(ms, a.repeats, 99));
     free(ms);
   }

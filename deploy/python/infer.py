@@ -12,9 +12,12 @@ DIR is what tools/export_model.py wrote: inference.{json|pdmodel} + inference.pd
 (+ inference.onnx) and inference.yml (pre-processing, I/O names, labels, TRT shape ranges).
 
 Backends: paddle-cpu (oneDNN, fp32 / bf16 on CPUs with avx512_bf16 or amx_bf16 / int8 for
-quantised models), paddle-gpu (CUDA, fp32 / fp16), trt (Paddle-TRT: fp32 / fp16 / int8, engine
-cache, dynamic shape from inference.yml or collected on sample inputs), onnxruntime (CPU, fp32).
-A Paddle build without CUDA asked for paddle-gpu or trt exits with one line (code 3).
+quantised models), paddle-gpu (CUDA, fp32 / fp16), trt (fp32 / fp16 / int8, engine cache, dynamic
+shape from inference.yml or collected on sample inputs; a legacy .pdmodel goes through the Paddle-TRT
+subgraph engine, a PIR .json through paddle.tensorrt: see ppdlx_deploy/trt.py), onnxruntime (CPU,
+fp32). Every plan, printed note and benchmark row names the engine that runs the network. A Paddle
+build without CUDA asked for paddle-gpu or trt, or a trt request that would not engage TensorRT,
+exits with one line (code 3).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 import argparse  # noqa: E402
 import glob  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -35,6 +39,15 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
+# The sibling package ppdlx_deploy (errors, the Paddle-TRT routes) is found from any cwd, also
+# when this file is loaded by path (ppdlx/benchmarks/infer.py, the tests).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+from ppdlx_deploy import DeployError, UnsupportedError, plan_call as _call  # noqa: E402
+from ppdlx_deploy import trt as T  # noqa: E402
+from ppdlx_deploy.trt import trt_calibration_tables, trt_shape_ranges  # noqa: E402,F401  (public names)
+
 # paddle's import warns about a missing ccache (a compiler cache for custom C++ ops): irrelevant here,
 # and it would break the one-line error contract.
 warnings.filterwarnings("ignore", message="No ccache found")
@@ -43,19 +56,6 @@ BACKENDS = ("paddle-cpu", "paddle-gpu", "trt", "onnxruntime")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm")
 META_FILE = "inference.yml"
-TRT_PRECISION = {"fp32": "Float32", "fp16": "Half", "int8": "Int8"}
-
-
-class DeployError(Exception):
-    """A user/input error: printed as one line, exit code 2."""
-
-    exit_code = 2
-
-
-class UnsupportedError(DeployError):
-    """This build/machine cannot do what was asked (e.g. TRT on a CPU-only Paddle): exit code 3."""
-
-    exit_code = 3
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,11 +90,23 @@ def model_files(model_dir: str, meta: Optional[dict] = None) -> dict:
     return {"format": found[0][0], "model_file": found[0][1], "params_file": params}
 
 
-def is_quantized(model_file: str) -> bool:
-    """A QAT/PTQ export carries (fake) quantize ops; their names appear in both file formats."""
+def program_op_types(model_file: str) -> set:
+    """The op types of a program file: a PIR .json names each op ``"#":"<dialect>.<op>"``; a
+    legacy .pdmodel is a ProgramDesc protobuf. (Its op_version_map lists every registered op,
+    quantize ops included, so a byte search there would call every legacy program quantised.)"""
+    if model_file.endswith(".json"):
+        with open(model_file, encoding="utf-8") as f:
+            return set(re.findall(r'"#":"\d+\.(\w+)"', f.read()))
+    from paddle.base.proto import framework_pb2
+    program = framework_pb2.ProgramDesc()
     with open(model_file, "rb") as f:
-        data = f.read()
-    return b"quantize_linear" in data or b"fake_quantize" in data or b"fake_channel_wise_quantize" in data
+        program.ParseFromString(f.read())
+    return {op.type for block in program.blocks for op in block.ops}
+
+
+def is_quantized(model_file: str) -> bool:
+    """A QAT/PTQ export carries (fake) (de)quantize ops."""
+    return any("quantize" in op for op in program_op_types(model_file))
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,47 +223,34 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
-def _call(name, *args, **kwargs) -> dict:
-    return {"call": name, "args": list(args), "kwargs": dict(kwargs)}
-
-
-def trt_shape_ranges(meta: dict, opt_batch: Optional[int] = None, max_batch: Optional[int] = None) -> dict:
-    """min/max/opt dicts for ``set_trt_dynamic_shape_info`` from inference.yml, with the batch
-    dimension optionally overridden (opt = the serving batch, max >= opt)."""
-    ranges = meta["tensorrt"]["shape_range"]
-    out = {"min": {}, "max": {}, "opt": {}}
-    for name, r in ranges.items():
-        mn, opt, mx = list(r["min"]), list(r["opt"]), list(r["max"])
-        if opt_batch:
-            opt[0] = int(opt_batch)
-        if max_batch:
-            mx[0] = int(max_batch)
-        mx[0] = max(mx[0], opt[0])
-        mn[0] = min(mn[0], opt[0])
-        out["min"][name], out["opt"][name], out["max"][name] = mn, opt, mx
-    return out
-
-
 def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads: Optional[int] = None,
                batch_size: int = 1, gpu_id: int = 0, gpu_mem_mb: int = 256, cache_dir: Optional[str] = None,
                shape_source: str = "yml", shape_file: Optional[str] = None, trt_max_batch: Optional[int] = None,
                workspace_bytes: Optional[int] = None, min_subgraph_size: Optional[int] = None,
                quantized: Optional[bool] = None, cpu_flag_set: Optional[set] = None, tuned_cpu: bool = True,
-               cpu_engine: str = "onednn") -> dict:
-    """The ``paddle.inference.Config`` calls for a backend/precision, as data (no paddle import).
+               cpu_engine: str = "onednn", pir_trt_available: Optional[bool] = None) -> dict:
+    """The ``paddle.inference.Config`` calls for a backend/precision, as data (nothing is built;
+    paddle is imported only to read a .pdmodel's op list when ``quantized`` is not given, and to
+    probe ``paddle.tensorrt`` for a PIR export on ``trt`` when ``pir_trt_available`` is not given).
 
-    Returns ``{"calls": [...], "collect_calls": [...] or None, "notes": [...]}``; a call is
-    ``{"call": method, "args": [...], "kwargs": {...}}``; precision enums are written as the
-    ``PrecisionType`` member name ("Float32", "Half", "Int8") and resolved by :func:`apply_plan`.
+    Returns ``{"engine", "calls", "collect_calls", "notes", "model_file", "params_file", ...}``:
+    ``engine`` is what runs the network (onednn, openvino, cuda, paddle-trt-subgraph, pir-trt,
+    onnxruntime), ``model_file``/``params_file`` what the predictor loads (for pir-trt the
+    converted program, described by ``pir_trt``). A call is ``{"call": method, "args": [...],
+    "kwargs": {...}}``; precision enums are written as the ``PrecisionType`` member name
+    ("Float32", "Half", "Int8") and resolved by :func:`apply_plan`.
     """
     if backend not in BACKENDS:
         raise DeployError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
     if precision not in PRECISIONS:
         raise DeployError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
-    calls, notes, collect = [], [], None
+    calls, notes = [], []
     threads = threads or default_threads()
     if quantized is None:
         quantized = is_quantized(files["model_file"])
+    plan = {"backend": backend, "precision": precision, "threads": threads, "calls": calls, "collect_calls": None,
+            "notes": notes, "shape_file": shape_file, "model_file": files["model_file"],
+            "params_file": files["params_file"], "pir_trt": None, "calibration": False}
 
     if backend == "paddle-cpu":
         if precision == "fp16":
@@ -279,9 +278,10 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
                 raise UnsupportedError("--cpu-engine openvino: Paddle Inference ignores the OpenVINO engine for "
                                        "PIR (.json) models; export with --format program (fp32 only)")
             calls.append(_call("enable_openvino_engine", inference_precision="Float32"))
+        plan["engine"] = "openvino" if cpu_engine == "openvino" else "onednn"
         engine = "OpenVINO (Paddle Inference engine)" if cpu_engine == "openvino" else "oneDNN"
         kind = "PIR program (.json)" if files["format"] == "pir" else "legacy program (.pdmodel)"
-        notes.append(f"{engine}, {threads} thread(s), IR optimisation on, {kind}"
+        notes.append(f"engine {plan['engine']}: {engine}, {threads} thread(s), IR optimisation on, {kind}"
                      + (", classic passes + executor (enable_new_ir(False))"
                         if files["format"] == "program" and tuned_cpu else ""))
         if tuned_cpu and files["format"] == "pir":
@@ -293,45 +293,23 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
             raise UnsupportedError("--backend paddle-gpu --precision int8: int8 on GPU runs through TensorRT; "
                                    "use --backend trt --precision int8")
         gpu_precision = "Half" if (backend == "paddle-gpu" and precision == "fp16") else "Float32"
-        calls.append(_call("enable_use_gpu", int(gpu_mem_mb), int(gpu_id), precision_mode=gpu_precision))
-        calls.append(_call("switch_ir_optim", True))
+        calls += [_call("enable_use_gpu", int(gpu_mem_mb), int(gpu_id), precision_mode=gpu_precision),
+                  _call("switch_ir_optim", True)]
         if backend == "trt":
-            trt = meta.get("tensorrt", {})
-            ranges = trt_shape_ranges(meta, opt_batch=batch_size, max_batch=trt_max_batch or trt.get("max_batch_size"))
-            max_batch = max(r[0] for r in ranges["max"].values())
-            cache_dir = cache_dir or os.path.join(os.path.dirname(files["model_file"]), "_trt_cache")
-            use_calib = precision == "int8" and not quantized
-            calls.append(_call("set_optim_cache_dir", cache_dir))
-            calls.append(_call("enable_tensorrt_engine",
-                               workspace_size=int(workspace_bytes or trt.get("workspace_size_bytes", 1 << 30)),
-                               max_batch_size=int(max_batch),
-                               min_subgraph_size=int(min_subgraph_size or trt.get("min_subgraph_size", 3)),
-                               precision_mode=TRT_PRECISION[precision],
-                               use_static=True,  # serialise engines into cache_dir; rebuilt if the model changes
-                               use_calib_mode=bool(use_calib)))
-            if shape_source == "yml":
-                calls.append(_call("set_trt_dynamic_shape_info", ranges["min"], ranges["max"], ranges["opt"]))
-            elif shape_source == "collect":
-                shape_file = shape_file or os.path.join(cache_dir, "shape_range_info.pbtxt")
-                collect = [_call("enable_use_gpu", int(gpu_mem_mb), int(gpu_id), precision_mode="Float32"),
-                           _call("switch_ir_optim", True),
-                           _call("collect_shape_range_info", shape_file)]
-                calls.append(_call("enable_tuned_tensorrt_dynamic_shape", shape_file, True))
-            else:
-                raise DeployError(f"--trt-shapes {shape_source}: choose yml or collect")
-            engine = next(c for c in calls if c["call"] == "enable_tensorrt_engine")["kwargs"]
-            notes.append(f"Paddle-TRT {precision}, workspace {engine['workspace_size']} bytes, max batch {max_batch}, "
-                         f"min subgraph {engine['min_subgraph_size']}, shapes from {shape_source}, "
-                         f"engine cache {cache_dir}")
-            if precision == "int8":
-                notes.append("int8 scales from the model's quantize ops (QAT/PTQ)" if quantized else
-                             "int8 calibration (use_calib_mode=True): run sample images once to write the table")
+            plan.update(T.trt_plan(meta, files, precision, calls, batch_size=batch_size, gpu_id=gpu_id,
+                                   cache_dir=cache_dir, shape_source=shape_source, shape_file=shape_file,
+                                   trt_max_batch=trt_max_batch, workspace_bytes=workspace_bytes,
+                                   min_subgraph_size=min_subgraph_size, quantized=quantized,
+                                   pir_trt_available=pir_trt_available))
+            return plan
+        plan["engine"] = "cuda"
+        notes.append(f"engine cuda: Paddle GPU kernels, {'fp16 mixed precision' if precision == 'fp16' else 'fp32'}")
     elif backend == "onnxruntime":
         if precision != "fp32":
             raise UnsupportedError(f"--backend onnxruntime --precision {precision}: only fp32 is offered here")
+        plan["engine"] = "onnxruntime"
         notes.append(f"onnxruntime CPUExecutionProvider, {threads} intra-op thread(s)")
-    return {"backend": backend, "precision": precision, "threads": threads, "calls": calls,
-            "collect_calls": collect, "notes": notes, "shape_file": shape_file}
+    return plan
 
 
 _ALIASES = {"enable_onednn": "enable_mkldnn", "enable_onednn_bfloat16": "enable_mkldnn_bfloat16",
@@ -402,22 +380,26 @@ class PaddlePredictor:
 
     def __init__(self, model_dir: str, backend: str = "paddle-cpu", precision: str = "fp32",
                  threads: Optional[int] = None, batch_size: int = 1, meta: Optional[dict] = None,
-                 sample_feeds: Optional[List[Dict[str, np.ndarray]]] = None, tuned_cpu: bool = True, **plan_kwargs):
-        check_backend_available(backend)
+                 sample_feeds: Optional[List[Dict[str, np.ndarray]]] = None, tuned_cpu: bool = True,
+                 plan: Optional[dict] = None, **plan_kwargs):
+        """``plan``: a :func:`build_plan` result to use as is (backend/precision/kwargs then unused)."""
+        check_backend_available(plan["backend"] if plan else backend)
         import paddle.inference as pi
         self.meta = meta or load_meta(model_dir)
         self.files = model_files(model_dir, self.meta)
-        self.plan = build_plan(self.meta, self.files, backend, precision, threads=threads, batch_size=batch_size,
-                               tuned_cpu=tuned_cpu, **plan_kwargs)
+        self.plan = plan or build_plan(self.meta, self.files, backend, precision, threads=threads,
+                                       batch_size=batch_size, tuned_cpu=tuned_cpu, **plan_kwargs)
         # The PIR executor otherwise schedules ops through a worker thread pool: on few (shared)
         # cores that costs context switches for no parallelism (measured in
         # ppdlx/benchmarks/infer.py). The flag is read when the executor is built (creation and
         # first run), so it is set around those only and other predictors keep their own mode.
-        self._serial_run = backend == "paddle-cpu" and tuned_cpu and self.files["format"] == "pir"
+        self._serial_run = self.plan["backend"] == "paddle-cpu" and tuned_cpu and self.files["format"] == "pir"
         self._built = False
+        if self.plan["pir_trt"]:
+            self.plan["tensorrt_engines"] = T.convert_pir_trt(self.plan["pir_trt"], sample_feeds)
         if self.plan["collect_calls"]:
             self._collect_shapes(pi, sample_feeds)
-        config = pi.Config(self.files["model_file"], self.files["params_file"])
+        config = pi.Config(self.plan["model_file"], self.plan["params_file"])
         apply_plan(config, self.plan["calls"])
         config.disable_glog_info()
         self.config = config
@@ -433,7 +415,7 @@ class PaddlePredictor:
             raise DeployError("--trt-shapes collect needs sample inputs (--input images)")
         shape_file = self.plan["shape_file"]
         os.makedirs(os.path.dirname(os.path.abspath(shape_file)), exist_ok=True)
-        config = pi.Config(self.files["model_file"], self.files["params_file"])
+        config = pi.Config(self.plan["model_file"], self.plan["params_file"])
         apply_plan(config, self.plan["collect_calls"])
         predictor = pi.create_predictor(config)
         for feeds in sample_feeds:
@@ -455,6 +437,8 @@ class PaddlePredictor:
             with _executor_flags(self._serial_run):
                 self.predictor.run()
             self._built = True
+            if self.plan["engine"] == T.SUBGRAPH:  # the subgraph pass has built (or loaded) its engines by now
+                self.plan["tensorrt_engines"] = T.subgraph_engine_count(self.plan)
         return [h.copy_to_cpu() for h in self._outputs]
 
 
@@ -475,7 +459,8 @@ class OnnxPredictor:
         self.session = ort.InferenceSession(onnx_file, options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.plan = {"backend": "onnxruntime", "precision": "fp32", "threads": options.intra_op_num_threads,
+        self.plan = {"backend": "onnxruntime", "engine": "onnxruntime", "precision": "fp32",
+                     "threads": options.intra_op_num_threads,
                      "notes": [f"onnxruntime {ort.__version__} CPUExecutionProvider, ORT_ENABLE_ALL, "
                                f"{options.intra_op_num_threads} intra-op thread(s)"]}
 
@@ -489,10 +474,6 @@ def create_predictor(model_dir: str, backend: str, precision: str = "fp32", **kw
             raise UnsupportedError(f"--backend onnxruntime --precision {precision}: only fp32 is offered here")
         return OnnxPredictor(model_dir, threads=kwargs.get("threads"), meta=kwargs.get("meta"))
     return PaddlePredictor(model_dir, backend, precision, **kwargs)
-
-
-def trt_calibration_tables(cache_dir: str) -> List[str]:
-    return glob.glob(os.path.join(cache_dir, "**", "trt_calib_*"), recursive=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -596,7 +577,8 @@ def benchmark(predictors: Dict[str, object], meta: dict, images: Sequence[str], 
                 postprocess(meta, outputs)
                 post_times.append(time.perf_counter() - start)
             lat = latency_stats(times[case])
-            row = {"case": case, "batch_size": int(bs), "images_per_s": bs * 1000.0 / lat["mean"],
+            row = {"case": case, "engine": predictor.plan.get("engine"), "batch_size": int(bs),
+                   "images_per_s": bs * 1000.0 / lat["mean"],
                    "latency_ms": lat, "repeats": int(repeats), "warmup": int(warmup),
                    "host_postprocess_ms": latency_stats(post_times)}
             if pre_times:
@@ -608,15 +590,17 @@ def benchmark(predictors: Dict[str, object], meta: dict, images: Sequence[str], 
 
 
 def format_rows(rows: Sequence[dict]) -> str:
-    """A table like the anchor's README: BS | img/s | avg | p50 | p90 | p95 | p99 (ms) + host."""
-    header = ["case", "BS", "img/s", "avg ms", "p50", "p90", "p95", "p99", "pre ms", "post ms"]
+    """A table like the anchor's README: BS | img/s | avg | p50 | p90 | p95 | p99 (ms) + host,
+    with the case and the engine that ran it."""
+    header = ["case", "engine", "BS", "img/s", "avg ms", "p50", "p90", "p95", "p99", "pre ms", "post ms"]
     lines = []
     for r in rows:
         lat = r["latency_ms"]
         pre = r.get("host_preprocess_ms", {}).get("mean")
-        lines.append([r["case"], str(r["batch_size"]), f"{r['images_per_s']:.2f}", f"{lat['mean']:.2f}",
-                      f"{lat['p50']:.2f}", f"{lat['p90']:.2f}", f"{lat['p95']:.2f}", f"{lat['p99']:.2f}",
-                      "-" if pre is None else f"{pre:.2f}", f"{r['host_postprocess_ms']['mean']:.3f}"])
+        lines.append([r["case"], str(r.get("engine") or "-"), str(r["batch_size"]), f"{r['images_per_s']:.2f}",
+                      f"{lat['mean']:.2f}", f"{lat['p50']:.2f}", f"{lat['p90']:.2f}", f"{lat['p95']:.2f}",
+                      f"{lat['p99']:.2f}", "-" if pre is None else f"{pre:.2f}",
+                      f"{r['host_postprocess_ms']['mean']:.3f}"])
     widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(header)]
     out = [" | ".join(h.ljust(w) for h, w in zip(header, widths)), "-+-".join("-" * w for w in widths)]
     out += [" | ".join(c.ljust(w) for c, w in zip(l, widths)) for l in lines]
@@ -658,18 +642,33 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _calibrate(args, meta, paths):
+def plan_options(args) -> dict:
+    """The predictor options given on the command line (everything but backend and precision)."""
+    return dict(threads=args.threads, batch_size=args.batch_size, cpu_engine=args.cpu_engine, gpu_id=args.gpu_id,
+                gpu_mem_mb=args.gpu_mem_mb, cache_dir=args.trt_cache_dir, shape_source=args.trt_shapes,
+                trt_max_batch=args.trt_max_batch, workspace_bytes=args.trt_workspace_bytes)
+
+
+def calibration_plan(args, meta: dict) -> dict:
+    """The int8 TRT plan for the command line's model and options: the calibrating predictor uses
+    it, and the serving predictor's plan is the same, so the table matches the engines it serves."""
+    return build_plan(meta, model_files(args.model_dir, meta), "trt", "int8", **plan_options(args))
+
+
+def _calibrate(args, meta, plan, sample_feeds=None):
     """Paddle-TRT int8 post-training calibration: run calibration batches through a predictor in
-    calibration mode; the table lands in the cache dir and the next predictor builds int8 engines."""
+    calibration mode; the table is written into the cache dir when that predictor is destroyed,
+    and the next predictor with the same plan builds int8 engines from it."""
     prep = Preprocessor(meta)
-    predictor = PaddlePredictor(args.model_dir, "trt", "int8", threads=args.threads, batch_size=args.batch_size,
-                                meta=meta, cache_dir=args.trt_cache_dir, trt_max_batch=args.trt_max_batch,
-                                workspace_bytes=args.trt_workspace_bytes)
+    predictor = PaddlePredictor(args.model_dir, meta=meta, plan=plan, sample_feeds=sample_feeds)
     files = list_images(args.calib_dir)
     for i in range(min(args.calib_batches, max(1, len(files) // args.batch_size))):
         batch = files[i * args.batch_size:(i + 1) * args.batch_size] or files[:args.batch_size]
         predictor.run(prep.feeds([load_image(p) for p in batch]))
     del predictor
+    if not trt_calibration_tables(plan["cache_dir"]):
+        raise UnsupportedError(f"--calib-dir: the calibration run wrote no table (trt_calib_*) into "
+                               f"{plan['cache_dir']}, so TensorRT did not run; int8 would not be served")
 
 
 def main(argv=None) -> int:
@@ -687,19 +686,17 @@ def main(argv=None) -> int:
         sizes = sorted({1, args.batch_size, *(int(b) for b in (args.batch_sizes or "").split(",") if b)})
         sample_feeds = [prep.feeds([load_image(paths[i % len(paths)]) for i in range(bs)]) for bs in sizes]
     if args.backend == "trt" and args.precision == "int8":
-        cache_dir = args.trt_cache_dir or os.path.join(args.model_dir, "_trt_cache")
-        quantized = is_quantized(model_files(args.model_dir, meta)["model_file"])
-        if not quantized and not trt_calibration_tables(cache_dir):
+        plan = calibration_plan(args, meta)
+        if plan["calibration"] and not trt_calibration_tables(plan["cache_dir"]):
             if not args.calib_dir:
                 raise DeployError("--precision int8 on a non-quantised model needs --calib-dir IMAGES once "
-                                  f"(no calibration table in {cache_dir})")
-            _calibrate(args, meta, paths)
-    predictor = create_predictor(args.model_dir, args.backend, args.precision, threads=args.threads,
-                                 batch_size=args.batch_size, meta=meta, sample_feeds=sample_feeds,
-                                 **({} if args.backend == "onnxruntime" else dict(
-                                     cpu_engine=args.cpu_engine, gpu_id=args.gpu_id, gpu_mem_mb=args.gpu_mem_mb, cache_dir=args.trt_cache_dir,
-                                     shape_source=args.trt_shapes, trt_max_batch=args.trt_max_batch,
-                                     workspace_bytes=args.trt_workspace_bytes)))
+                                  f"(no calibration table in {plan['cache_dir']})")
+            _calibrate(args, meta, plan, sample_feeds)
+    if args.backend == "onnxruntime":
+        predictor = create_predictor(args.model_dir, args.backend, args.precision, threads=args.threads, meta=meta)
+    else:
+        predictor = create_predictor(args.model_dir, args.backend, args.precision, meta=meta,
+                                     sample_feeds=sample_feeds, **plan_options(args))
     for note in predictor.plan["notes"]:
         print(f"# {note}", file=sys.stderr)
     if args.benchmark:
@@ -711,6 +708,8 @@ def main(argv=None) -> int:
             os.makedirs(os.path.dirname(os.path.abspath(args.report)) or ".", exist_ok=True)
             with open(args.report, "w", encoding="utf-8") as f:
                 json.dump({"model_dir": os.path.abspath(args.model_dir), "model": meta["model"],
+                           "engine": predictor.plan["engine"],
+                           "tensorrt_engines": predictor.plan.get("tensorrt_engines"),
                            "notes": predictor.plan["notes"], "rows": rows}, f, indent=2)
         return 0
     family = meta["model"]["family"]
@@ -718,6 +717,9 @@ def main(argv=None) -> int:
         batch = paths[start:start + args.batch_size]
         images = [load_image(p) for p in batch]
         results = postprocess(meta, predictor.run(prep.feeds(images)), args.topk, args.score_threshold)
+        if start == 0 and predictor.plan.get("tensorrt_engines"):
+            print(f"# engine {predictor.plan['engine']}: {predictor.plan['tensorrt_engines']} TensorRT engine(s)",
+                  file=sys.stderr)
         for path, img, res in zip(batch, images, results):
             if family == "classification":
                 print(f"{path}: " + ", ".join(f"{label} (id {c}) {p:.4f}" for c, label, p in res))

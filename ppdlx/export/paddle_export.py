@@ -12,6 +12,7 @@ x2, y2 in original pixels), ``scores [N, D]``, ``classes [N, D]`` int64 (-1 = pa
 from __future__ import annotations
 
 import os
+import re
 from typing import Dict, List, Sequence
 
 import numpy as np
@@ -19,6 +20,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from ppdlx.errors import UnsupportedError
 from ppdlx.export.files import ModelFiles, find_model_files, remove_stale
 
 INPUT_NAME = "image"
@@ -62,9 +64,21 @@ def _jit_save(layer: nn.Layer, prefix: str, input_spec, fmt: str) -> None:
     layer.eval()
     if fmt == "program":
         # Legacy ProgramDesc (.pdmodel): what older Paddle Inference builds and the C library
-        # of Paddle 2.x read, and what the classic Paddle-TRT subgraph path consumes.
-        with paddle.pir_utils.DygraphOldIrGuard():
-            paddle.jit.save(layer, prefix, input_spec=input_spec)
+        # of Paddle 2.x read, and the only program Paddle Inference's TensorRT subgraph engine
+        # (enable_tensorrt_engine) processes: a PIR .json takes paddle.tensorrt instead.
+        try:
+            with paddle.pir_utils.DygraphOldIrGuard():
+                paddle.jit.save(layer, prefix, input_spec=input_spec)
+        except TypeError as err:
+            # Ops whose Python API became a PIR-only C++ binding (sigmoid in Paddle 3.3, used by
+            # GPUNet and EfficientNet/EfficientDet) reject the legacy IR's Variables.
+            rejected = re.search(r"(\w+)\(\): argument .* must be Value, but got Variable", str(err))
+            if rejected is None:
+                raise
+            raise UnsupportedError(
+                f"--format program: Paddle {paddle.__version__} cannot trace {rejected.group(1)}() into a legacy "
+                f".pdmodel (its API takes PIR values only); export the default PIR .json (--format pir), which "
+                f"deploy --backend trt runs through paddle.tensorrt") from None
     elif fmt == "pir":
         paddle.jit.save(layer, prefix, input_spec=input_spec)
     else:

@@ -20,3 +20,110 @@ def test_c_program_builds_against_the_c_library(tmp_path):
                     f"-DPADDLE_INFERENCE_C_DIR={LIB_DIR}"], check=True, capture_output=True, timeout=300)
     subprocess.run(["cmake", "--build", str(build)], check=True, capture_output=True, timeout=300)
     assert (build / "ppdlx_infer").is_file()
+
+
+DRIVER = r"""
+#include "model_select.h"
+int main(int argc, char **argv) {
+  if (argc == 3) { printf("%d\n", ppdlx_count_files_with_prefix(argv[1], argv[2])); return 0; }
+  ProgramChoice choice;
+  char why[1024];
+  int code = ppdlx_choose_program(argv[1], argv[2], argv[3], &choice, why, sizeof why);
+  if (code) { fprintf(stderr, "error: %s\n", why); return code; }
+  printf("%s %s %s %d\n", choice.engine, choice.prog, choice.params, choice.quantized);
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def select_program(tmp_path_factory):
+    """deploy/c/model_select.h (what infer.c decides with, libc only) built into a small driver."""
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    build = tmp_path_factory.mktemp("select")
+    (build / "driver.c").write_text(DRIVER)
+    exe = build / "select"
+    subprocess.run([compiler, "-std=c99", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Werror",
+                    "-I", os.path.join(ROOT, "deploy", "c"), str(build / "driver.c"), "-o", str(exe)],
+                   check=True, capture_output=True, timeout=120)
+
+    def run(*args):
+        return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=60)
+    return run
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Real exports: the same conv net as PIR .json and legacy .pdmodel, and a legacy QAT-style one."""
+    import paddle
+    from paddle.nn.quant.format import LinearDequanter, LinearQuanter
+    from ppdlx.export.paddle_export import save_classifier
+    layer = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3, padding=1), paddle.nn.AdaptiveAvgPool2D(1),
+                                 paddle.nn.Flatten())
+    out = {fmt: save_classifier(layer, str(tmp_path_factory.mktemp(fmt)), 8, 8, fmt=fmt).model_dir
+           for fmt in ("pir", "program")}
+    qat = paddle.nn.Sequential(LinearQuanter([0.05], zero_point=[0.0], bit_length=8),
+                               LinearDequanter([0.05], zero_point=[0.0], bit_length=8), layer)
+    out["qat"] = save_classifier(qat, str(tmp_path_factory.mktemp("qat")), 8, 8, fmt="program").model_dir
+    return out
+
+
+def test_c_program_refuses_trt_on_a_pir_export(select_program, exported):
+    """Before: infer.c called PD_ConfigEnableTensorRtEngine on inference.json, which the PIR pipeline
+    ignores (plain fp32 CUDA reported as "backend trt fp16")."""
+    proc = select_program(exported["pir"], "trt", "fp16")
+    assert proc.returncode == 3 and proc.stdout == ""
+    assert proc.stderr == (
+        "error: --backend trt: inference.json is a PIR program, which Paddle Inference's TensorRT subgraph engine "
+        "(PD_ConfigEnableTensorRtEngine) skips, and the C API has no PIR-TRT converter; re-export with "
+        "tools/export_model.py --format program, or run deploy/python/infer.py --backend trt (paddle.tensorrt)\n")
+    cpu = select_program(exported["pir"], "cpu", "fp32")
+    assert cpu.returncode == 0 and cpu.stdout.split()[:2] == ["onednn", os.path.join(exported["pir"], "inference.json")]
+
+
+def test_c_program_routes_a_legacy_export_like_the_python_plan(select_program, exported):
+    from ppdlx.benchmarks.infer import load_deploy_module
+    D = load_deploy_module()
+    proc = select_program(exported["program"], "trt", "fp16")
+    engine, prog, params, quantized = proc.stdout.split()
+    assert proc.returncode == 0 and prog == os.path.join(exported["program"], "inference.pdmodel")
+    assert params == os.path.join(exported["program"], "inference.pdiparams") and quantized == "0"
+    files = {"format": "program", "model_file": prog, "params_file": params}
+    meta = {"tensorrt": {"shape_range": {"image": {"min": [1, 3, 8, 8], "opt": [1, 3, 8, 8], "max": [8, 3, 8, 8]}}}}
+    assert engine == D.build_plan(meta, files, "trt", "fp16")["engine"] == "paddle-trt-subgraph"
+    # int8 without quantize ops: the C program cannot calibrate, so it refuses
+    int8 = select_program(exported["program"], "trt", "int8")
+    assert int8.returncode == 3 and "has no quantize ops and this program does not calibrate" in int8.stderr
+    assert select_program(exported["program"], "gpu", "int8").returncode == 3
+    # a QAT export's quantize ops are found among the program's op types (not in its op version map,
+    # which names every registered op in every .pdmodel)
+    qat = select_program(exported["qat"], "trt", "int8")
+    assert qat.returncode == 0 and qat.stdout.split()[0] == "paddle-trt-subgraph" and qat.stdout.split()[3] == "1"
+    assert D.is_quantized(os.path.join(exported["qat"], "inference.pdmodel"))
+    assert select_program(exported["program"], "gpu", "fp16").stdout.split()[0] == "cuda"
+
+
+def test_c_program_file_checks(select_program, exported, tmp_path):
+    both = tmp_path / "both"
+    both.mkdir()
+    for name in ("inference.json", "inference.pdmodel", "inference.pdiparams"):
+        shutil.copy(os.path.join(exported["pir" if name != "inference.pdmodel" else "program"], name), both / name)
+    proc = select_program(str(both), "cpu", "fp32")
+    assert proc.returncode == 2 and "both inference.json and inference.pdmodel exist" in proc.stderr
+    (both / "inference.json").unlink()
+    (both / "inference.pdiparams").unlink()
+    assert "inference.pdiparams is missing" in select_program(str(both), "trt", "fp32").stderr
+    # the engine evidence infer.c checks after its first TRT run
+    assert select_program(str(tmp_path), "trt_serialized_").stdout == "0\n"
+    (tmp_path / "trt_serialized_42").write_bytes(b"x")
+    assert select_program(str(tmp_path), "trt_serialized_").stdout == "1\n"
+
+
+def test_infer_c_decides_through_model_select():
+    with open(os.path.join(ROOT, "deploy", "c", "infer.c"), encoding="utf-8") as f:
+        source = f.read()
+    assert '#include "model_select.h"' in source and "ppdlx_choose_program(" in source
+    assert 'ppdlx_count_files_with_prefix(cache, "trt_serialized_")' in source
+    assert "inference.json" not in source.split("int main", 1)[1]  # no second, divergent file choice

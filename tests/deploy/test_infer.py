@@ -119,11 +119,24 @@ def files(tmp_path):
     return {"format": "pir", "model_file": str(model), "params_file": str(tmp_path / "inference.pdiparams")}
 
 
-def test_trt_fp16_plan_values(files, tmp_path):
+@pytest.fixture()
+def program_files(tmp_path):
+    """A legacy-program export: what the Paddle-TRT subgraph engine takes."""
+    model = tmp_path / "inference.pdmodel"
+    model.write_bytes(b"")
+    return {"format": "program", "model_file": str(model), "params_file": str(tmp_path / "inference.pdiparams")}
+
+
+def test_trt_fp16_plan_values(program_files, tmp_path):
+    files = program_files
     plan = D.build_plan(TRT_META, files, "trt", "fp16", batch_size=8, gpu_id=1, gpu_mem_mb=512,
                         cache_dir=str(tmp_path / "cache"))
+    assert plan["engine"] == "paddle-trt-subgraph" and plan["notes"][0].startswith("engine paddle-trt-subgraph:")
+    assert plan["model_file"] == files["model_file"]
     (gpu,) = _calls(plan, "enable_use_gpu")
     assert gpu["args"] == [512, 1] and gpu["kwargs"] == {"precision_mode": "Float32"}
+    # the legacy analysis passes (with the TRT subgraph pass) own the program, not the PIR pipeline
+    assert _calls(plan, "enable_new_ir")[0]["args"] == [False]
     (trt,) = _calls(plan, "enable_tensorrt_engine")
     assert trt["kwargs"] == {"workspace_size": 1073741824, "max_batch_size": 256, "min_subgraph_size": 3,
                              "precision_mode": "Half", "use_static": True, "use_calib_mode": False}
@@ -135,13 +148,15 @@ def test_trt_fp16_plan_values(files, tmp_path):
     assert plan["collect_calls"] is None and not _calls(plan, "enable_onednn")
 
 
-def test_trt_overrides_and_int8_modes(files, tmp_path):
+def test_trt_overrides_and_int8_modes(program_files, tmp_path):
+    files = program_files
     plan = D.build_plan(TRT_META, files, "trt", "int8", batch_size=64, trt_max_batch=32, quantized=False,
                         workspace_bytes=1 << 32, min_subgraph_size=5)
     trt = _calls(plan, "enable_tensorrt_engine")[0]["kwargs"]
     # max batch never below the serving batch; 4 GiB workspace stays an exact byte count
     assert trt["max_batch_size"] == 64 and trt["workspace_size"] == 4294967296
     assert trt["precision_mode"] == "Int8" and trt["use_calib_mode"] is True and trt["min_subgraph_size"] == 5
+    assert plan["calibration"] is True
     assert _calls(plan, "set_trt_dynamic_shape_info")[0]["args"][1] == {"image": [64, 3, 224, 224]}
     quant = D.build_plan(TRT_META, files, "trt", "int8", quantized=True)
     assert _calls(quant, "enable_tensorrt_engine")[0]["kwargs"]["use_calib_mode"] is False
@@ -149,10 +164,10 @@ def test_trt_overrides_and_int8_modes(files, tmp_path):
     assert _calls(fp32, "enable_tensorrt_engine")[0]["kwargs"]["precision_mode"] == "Float32"
 
 
-def test_trt_collected_shapes_plan(files, tmp_path):
+def test_trt_collected_shapes_plan(program_files, tmp_path):
     shape_file = str(tmp_path / "shapes.pbtxt")
-    plan = D.build_plan(TRT_META, files, "trt", "fp16", shape_source="collect", shape_file=shape_file)
-    assert [c["call"] for c in plan["collect_calls"]] == ["enable_use_gpu", "switch_ir_optim",
+    plan = D.build_plan(TRT_META, program_files, "trt", "fp16", shape_source="collect", shape_file=shape_file)
+    assert [c["call"] for c in plan["collect_calls"]] == ["enable_use_gpu", "switch_ir_optim", "enable_new_ir",
                                                           "collect_shape_range_info"]
     assert plan["collect_calls"][-1]["args"] == [shape_file]
     (tuned,) = _calls(plan, "enable_tuned_tensorrt_dynamic_shape")
@@ -162,8 +177,9 @@ def test_trt_collected_shapes_plan(files, tmp_path):
 def test_gpu_and_cpu_plans(files):
     gpu = D.build_plan(TRT_META, files, "paddle-gpu", "fp16")
     assert _calls(gpu, "enable_use_gpu")[0]["kwargs"]["precision_mode"] == "Half"
-    assert not _calls(gpu, "enable_tensorrt_engine")
+    assert not _calls(gpu, "enable_tensorrt_engine") and gpu["engine"] == "cuda"
     cpu = D.build_plan(TRT_META, files, "paddle-cpu", "fp32", threads=3)
+    assert cpu["engine"] == "onednn"
     assert [c["call"] for c in cpu["calls"]][:4] == ["disable_gpu", "enable_onednn",
                                                      "set_cpu_math_library_num_threads", "switch_ir_optim"]
     assert _calls(cpu, "set_cpu_math_library_num_threads")[0]["args"] == [3]
@@ -177,14 +193,15 @@ def test_gpu_and_cpu_plans(files):
         D.build_plan(TRT_META, files, "onnxruntime", "fp16")
 
 
-def test_plans_apply_to_a_real_config(files, tmp_path):
+def test_plans_apply_to_a_real_config(program_files, tmp_path):
     """The plan's calls are accepted by the real paddle.inference.Config (argument names/types)."""
     import paddle.inference as pi
+    files = program_files
     plan = D.build_plan(TRT_META, files, "trt", "fp16", batch_size=8, cache_dir=str(tmp_path / "c"))
     cfg = pi.Config(files["model_file"], files["params_file"])
     trt_calls = _calls(plan, "enable_tensorrt_engine")
     D.apply_plan(cfg, [c for c in plan["calls"] if c["call"] != "enable_tensorrt_engine"])
-    assert cfg.tensorrt_dynamic_shape_enabled()
+    assert cfg.tensorrt_dynamic_shape_enabled() and not cfg.new_ir_enabled()
     if paddle.is_compiled_with_cuda() and tuple(pi.get_trt_compile_version()) != (0, 0, 0):
         D.apply_plan(cfg, trt_calls)
         assert cfg.tensorrt_engine_enabled() and cfg.use_gpu()
@@ -263,10 +280,14 @@ def test_cli_topk_and_benchmark_report(tmp_path):
                            "--threads", "1", "--report", str(report)], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert "img/s" in proc.stdout and "p99" in proc.stdout
-    rows = json.loads(report.read_text())["rows"]
+    header, _, first = proc.stdout.strip().splitlines()[:3]
+    assert header.split(" | ")[1].strip() == "engine" and first.split(" | ")[1].strip() == "onednn"
+    bench = json.loads(report.read_text())
+    assert bench["engine"] == "onednn" and bench["tensorrt_engines"] is None
+    rows = bench["rows"]
     assert [r["batch_size"] for r in rows] == [1, 2]
     for r in rows:
-        assert r["case"] == "paddle-cpu-fp32" and r["images_per_s"] > 0
+        assert r["case"] == "paddle-cpu-fp32" and r["engine"] == "onednn" and r["images_per_s"] > 0
         lat = r["latency_ms"]
         assert set(lat) == {"mean", "p50", "p90", "p95", "p99"} and lat["p50"] <= lat["p90"] <= lat["p99"]
         assert r["host_preprocess_ms"]["mean"] > 0 and r["host_postprocess_ms"]["mean"] >= 0

@@ -215,3 +215,29 @@ def test_efficientdet_export_with_postprocess_in_graph(tmp_path):
     assert boxes.shape == (1, 100, 4) and scores.shape == (1, 100) and count.shape == (1,)
     dets = D.postprocess(meta, outputs, score_threshold=0.0)[0]
     assert len(dets) == int(count[0]) > 0 and all(0 <= d[2] < 3 for d in dets)
+
+
+class SigmoidGate(paddle.nn.Layer):
+    """A squeeze-excite-like gate (GPUNet, EfficientNet, EfficientDet use F.sigmoid)."""
+
+    def __init__(self):
+        super().__init__()
+        self.num_classes, self.data_format = 4, "NCHW"
+        self.conv = paddle.nn.Conv2D(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return (y * paddle.nn.functional.sigmoid(y)).mean(axis=[2, 3])
+
+
+def test_legacy_program_export_refuses_pir_only_ops_in_one_line(tmp_path):
+    """The TRT-target legacy .pdmodel cannot be traced for sigmoid under Paddle 3.3 (its Python API
+    is a PIR-only C++ binding): before, a multi-line TypeError from dy2static; now one line naming
+    the op and the route that remains (PIR .json + paddle.tensorrt)."""
+    with pytest.raises(UnsupportedError) as err:
+        save_classifier(SigmoidGate(), str(tmp_path / "legacy"), 8, 8, fmt="program")
+    assert str(err.value) == (
+        f"--format program: Paddle {paddle.__version__} cannot trace sigmoid() into a legacy .pdmodel (its API "
+        f"takes PIR values only); export the default PIR .json (--format pir), which deploy --backend trt runs "
+        f"through paddle.tensorrt")
+    assert save_classifier(SigmoidGate(), str(tmp_path / "pir"), 8, 8, fmt="pir").format == "pir"

@@ -1,0 +1,181 @@
+/*
+ * Which program file of a tools/export_model.py export runs for a backend, and which engine runs
+ * it: the same decisions as deploy/python/infer.py (ppdlx_deploy/trt.py), needing only libc.
+ *
+ * Paddle Inference routes a PIR program (inference.json) through its PIR pass pipeline, which has
+ * no TensorRT step: PD_ConfigEnableTensorRtEngine would be ignored and the model would run on
+ * plain CUDA. The C API has no PIR-TRT converter (that is Python's paddle.tensorrt), so --backend
+ * trt takes the legacy program (inference.pdmodel) and refuses a PIR-only export in one line.
+ */
+#ifndef PPDLX_MODEL_SELECT_H
+#define PPDLX_MODEL_SELECT_H
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define PPDLX_PATH_MAX 4096
+
+typedef struct {
+  char prog[PPDLX_PATH_MAX], params[PPDLX_PATH_MAX];
+  const char *engine; /* onednn | cuda | paddle-trt-subgraph */
+  int quantized;      /* the program carries (fake) quantize ops: a QAT/PTQ export */
+} ProgramChoice;
+
+static int ppdlx_file_exists(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static unsigned char *ppdlx_read_file(const char *path, size_t *size) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  unsigned char *data = (unsigned char *)malloc(n > 0 ? (size_t)n : 1);
+  *size = data && n > 0 ? fread(data, 1, (size_t)n, f) : 0;
+  fclose(f);
+  return data;
+}
+
+static int ppdlx_span_contains(const unsigned char *p, size_t n, const char *needle) {
+  size_t len = strlen(needle);
+  for (size_t i = 0; i + len <= n; ++i)
+    if (!memcmp(p + i, needle, len)) return 1;
+  return 0;
+}
+
+/* A protobuf span and its next field: returns 0 at the end or on malformed data; *value is the
+ * payload of a length-delimited field (empty for the others, which are skipped). */
+typedef struct { const unsigned char *p, *end; } PpdlxSpan;
+
+static int ppdlx_pb_varint(PpdlxSpan *s, unsigned long long *v) {
+  *v = 0;
+  for (int shift = 0; s->p < s->end && shift < 64; shift += 7) {
+    unsigned char b = *s->p++;
+    *v |= (unsigned long long)(b & 0x7f) << shift;
+    if (!(b & 0x80)) return 1;
+  }
+  return 0;
+}
+
+static int ppdlx_pb_next(PpdlxSpan *s, unsigned *field, PpdlxSpan *value) {
+  unsigned long long key, len;
+  if (s->p >= s->end || !ppdlx_pb_varint(s, &key)) return 0;
+  *field = (unsigned)(key >> 3);
+  value->p = value->end = s->p;
+  switch (key & 7) {
+    case 0: return ppdlx_pb_varint(s, &len);
+    case 1: if (s->end - s->p < 8) return 0; s->p += 8; return 1;
+    case 5: if (s->end - s->p < 4) return 0; s->p += 4; return 1;
+    case 2:
+      if (!ppdlx_pb_varint(s, &len) || len > (unsigned long long)(s->end - s->p)) return 0;
+      value->p = s->p;
+      value->end = s->p += len;
+      return 1;
+    default: return 0;
+  }
+}
+
+/* A QAT/PTQ export carries (fake) (de)quantize ops. A legacy .pdmodel is a ProgramDesc: the op
+ * types are blocks(1) -> ops(4) -> type(3); its op_version_map lists every registered op, quantize
+ * ops included, so the whole file cannot be searched. A PIR .json names ops "#":"<dialect>.<op>". */
+static int ppdlx_is_quantized(const char *path) {
+  size_t size = 0;
+  unsigned char *data = ppdlx_read_file(path, &size);
+  if (!data) return 0;
+  int found = 0;
+  size_t n = strlen(path);
+  if (n >= 5 && !strcmp(path + n - 5, ".json")) {
+    for (size_t i = 0; i + 6 < size && !found; ++i) {
+      if (memcmp(data + i, "\"#\":\"", 5)) continue;
+      size_t j = i + 5, k;
+      while (j < size && data[j] >= '0' && data[j] <= '9') ++j;
+      if (j == i + 5 || j >= size || data[j] != '.') continue;
+      for (k = j + 1; k < size && data[k] != '"'; ++k) {}
+      found = ppdlx_span_contains(data + j + 1, k - j - 1, "quantize");
+    }
+  } else {
+    PpdlxSpan program = {data, data + size}, block, op, value;
+    unsigned field;
+    while (!found && ppdlx_pb_next(&program, &field, &block)) {
+      if (field != 1) continue;
+      while (!found && ppdlx_pb_next(&block, &field, &op)) {
+        if (field != 4) continue;
+        while (!found && ppdlx_pb_next(&op, &field, &value))
+          found = field == 3 && ppdlx_span_contains(value.p, (size_t)(value.end - value.p), "quantize");
+      }
+    }
+  }
+  free(data);
+  return found;
+}
+
+/* Fills *out, or returns an exit code (2: missing/ambiguous files, 3: a combination that would not
+ * run as asked) with a one-line message in err. */
+static int ppdlx_choose_program(const char *model_dir, const char *backend, const char *precision,
+                                ProgramChoice *out, char *err, size_t err_size) {
+  char json[PPDLX_PATH_MAX], pdmodel[PPDLX_PATH_MAX];
+  snprintf(json, sizeof json, "%s/inference.json", model_dir);          /* Paddle 3 PIR program */
+  snprintf(pdmodel, sizeof pdmodel, "%s/inference.pdmodel", model_dir); /* legacy ProgramDesc */
+  snprintf(out->params, sizeof out->params, "%s/inference.pdiparams", model_dir);
+  int has_json = ppdlx_file_exists(json), has_pdmodel = ppdlx_file_exists(pdmodel);
+  if (!has_json && !has_pdmodel) {
+    snprintf(err, err_size, "%s: neither inference.json nor inference.pdmodel exists", model_dir);
+    return 2;
+  }
+  if (has_json && has_pdmodel) {
+    snprintf(err, err_size, "%s: both inference.json and inference.pdmodel exist; remove the stale one", model_dir);
+    return 2;
+  }
+  if (!ppdlx_file_exists(out->params)) {
+    snprintf(err, err_size, "%s: inference.pdiparams is missing", model_dir);
+    return 2;
+  }
+  snprintf(out->prog, sizeof out->prog, "%s", has_json ? json : pdmodel);
+  out->quantized = ppdlx_is_quantized(out->prog);
+  if (!strcmp(backend, "cpu")) {
+    out->engine = "onednn";
+  } else if (!strcmp(backend, "gpu")) {
+    if (!strcmp(precision, "int8")) {
+      snprintf(err, err_size, "--backend gpu --precision int8: int8 on GPU runs through TensorRT; use --backend trt");
+      return 3;
+    }
+    out->engine = "cuda";
+  } else if (!strcmp(backend, "trt")) {
+    if (has_json) {
+      snprintf(err, err_size,
+               "--backend trt: inference.json is a PIR program, which Paddle Inference's TensorRT subgraph engine "
+               "(PD_ConfigEnableTensorRtEngine) skips, and the C API has no PIR-TRT converter; re-export with "
+               "tools/export_model.py --format program, or run deploy/python/infer.py --backend trt (paddle.tensorrt)");
+      return 3;
+    }
+    if (!strcmp(precision, "int8") && !out->quantized) {
+      snprintf(err, err_size,
+               "--backend trt --precision int8: inference.pdmodel has no quantize ops and this program does not "
+               "calibrate; export a QAT/PTQ model, or calibrate with deploy/python/infer.py --calib-dir");
+      return 3;
+    }
+    out->engine = "paddle-trt-subgraph";
+  } else {
+    snprintf(err, err_size, "--backend must be cpu, gpu or trt, got %s", backend);
+    return 2;
+  }
+  return 0;
+}
+
+/* Files in dir whose name starts with prefix: after the first TRT run, the serialised engines
+ * (use_static) are <cache>/trt_serialized_<key>; none means TensorRT took no subgraph. */
+static int ppdlx_count_files_with_prefix(const char *dir, const char *prefix) {
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  int count = 0;
+  for (struct dirent *e = readdir(d); e; e = readdir(d)) count += !strncmp(e->d_name, prefix, strlen(prefix));
+  closedir(d);
+  return count;
+}
+
+#endif /* PPDLX_MODEL_SELECT_H */

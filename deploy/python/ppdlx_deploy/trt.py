@@ -1,0 +1,233 @@
+"""Paddle-TRT for an export: which of Paddle's two TensorRT integrations takes the program, its
+``Config`` calls as data, and the evidence that TensorRT really ran.
+
+* ``paddle-trt-subgraph``: a legacy ``.pdmodel`` program. ``Config.enable_tensorrt_engine``
+  rewires the classic pass builder, whose ``tensorrt_subgraph_pass`` replaces convertible
+  subgraphs by ``tensorrt_engine`` ops (serialised to ``trt_serialized_*`` in the cache dir with
+  ``use_static``); int8 scales come from quantize ops or from a calibration run (``trt_calib_*``).
+* ``pir-trt``: a PIR ``.json`` program. Paddle's predictor sends ``.json`` files through the PIR
+  pass pipeline, which has no TensorRT step, so ``enable_tensorrt_engine`` would be ignored and
+  the model would run on plain CUDA. Paddle 3's ``paddle.tensorrt.convert`` instead rewrites the
+  program with ``pd_op.tensorrt_engine`` ops (built on GPU 0, int8 only from quantize ops), and
+  a plain GPU predictor runs the converted program.
+
+Every combination that would not engage TensorRT is refused with one line naming the fix.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from typing import Dict, List, Optional, Sequence
+
+from ppdlx_deploy import DeployError, UnsupportedError, plan_call
+
+SUBGRAPH = "paddle-trt-subgraph"
+PIR_TRT = "pir-trt"
+SUBGRAPH_PRECISION = {"fp32": "Float32", "fp16": "Half", "int8": "Int8"}  # paddle.inference.PrecisionType
+PIR_TRT_PRECISION = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8"}      # paddle.tensorrt.PrecisionMode
+LEGACY_EXPORT_FIX = "re-export with tools/export_model.py --format program (a legacy .pdmodel for the subgraph engine)"
+
+
+def trt_shape_ranges(meta: dict, opt_batch: Optional[int] = None, max_batch: Optional[int] = None) -> dict:
+    """min/max/opt dicts for ``set_trt_dynamic_shape_info`` from inference.yml, with the batch
+    dimension optionally overridden (opt = the serving batch, max >= opt)."""
+    ranges = meta["tensorrt"]["shape_range"]
+    out = {"min": {}, "max": {}, "opt": {}}
+    for name, r in ranges.items():
+        mn, opt, mx = list(r["min"]), list(r["opt"]), list(r["max"])
+        if opt_batch:
+            opt[0] = int(opt_batch)
+        if max_batch:
+            mx[0] = int(max_batch)
+        mx[0] = max(mx[0], opt[0])
+        mn[0] = min(mn[0], opt[0])
+        out["min"][name], out["opt"][name], out["max"][name] = mn, opt, mx
+    return out
+
+
+def pir_trt_import_error() -> Optional[str]:
+    """Why ``paddle.tensorrt`` cannot be used here (None when it imports). It ships only with
+    TensorRT-enabled GPU builds and imports the ``tensorrt`` wheel."""
+    try:
+        import paddle.tensorrt  # noqa: F401
+    except (ImportError, OSError) as err:
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def refuse_pir_without_converter(model_file: str, reason: str) -> UnsupportedError:
+    return UnsupportedError(
+        f"--backend trt: {os.path.basename(model_file)} is a PIR program, which Paddle Inference's TensorRT "
+        f"subgraph engine (enable_tensorrt_engine) skips, and paddle.tensorrt (PIR-TRT) cannot be used here "
+        f"({reason}); install paddlepaddle-gpu built with TensorRT plus the tensorrt wheel, or {LEGACY_EXPORT_FIX}")
+
+
+def trt_plan(meta: dict, files: dict, precision: str, gpu_calls: List[dict], *, batch_size: int, gpu_id: int,
+             cache_dir: Optional[str], shape_source: str, shape_file: Optional[str], trt_max_batch: Optional[int],
+             workspace_bytes: Optional[int], min_subgraph_size: Optional[int], quantized: bool,
+             pir_trt_available: Optional[bool]) -> dict:
+    """The TensorRT part of ``build_plan``: ``gpu_calls`` (enable_use_gpu, switch_ir_optim) plus
+    the route's calls. ``pir_trt_available`` None = try importing ``paddle.tensorrt`` when needed."""
+    if shape_source not in ("yml", "collect"):
+        raise DeployError(f"--trt-shapes {shape_source}: choose yml or collect")
+    trt = meta.get("tensorrt", {})
+    ranges = trt_shape_ranges(meta, opt_batch=batch_size, max_batch=trt_max_batch or trt.get("max_batch_size"))
+    max_batch = max(r[0] for r in ranges["max"].values())
+    cache_dir = cache_dir or os.path.join(os.path.dirname(files["model_file"]), "_trt_cache")
+    workspace = int(workspace_bytes or trt.get("workspace_size_bytes", 1 << 30))
+    min_subgraph = int(min_subgraph_size or trt.get("min_subgraph_size", 3))
+    shapes = "inference.yml" if shape_source == "yml" else "the --input images"
+    plan = {"cache_dir": cache_dir, "collect_calls": None, "shape_file": shape_file, "calibration": False,
+            "pir_trt": None, "model_file": files["model_file"], "params_file": files["params_file"]}
+
+    if files["format"] == "program":
+        calls = gpu_calls + [plan_call("enable_new_ir", False),  # the legacy passes own the TRT subgraph step
+                             plan_call("set_optim_cache_dir", cache_dir)]
+        use_calib = precision == "int8" and not quantized
+        calls.append(plan_call("enable_tensorrt_engine", workspace_size=workspace, max_batch_size=int(max_batch),
+                               min_subgraph_size=min_subgraph, precision_mode=SUBGRAPH_PRECISION[precision],
+                               use_static=True,  # serialise engines into cache_dir; rebuilt if the model changes
+                               use_calib_mode=bool(use_calib)))
+        if shape_source == "yml":
+            calls.append(plan_call("set_trt_dynamic_shape_info", ranges["min"], ranges["max"], ranges["opt"]))
+        else:
+            plan["shape_file"] = shape_file or os.path.join(cache_dir, "shape_range_info.pbtxt")
+            plan["collect_calls"] = gpu_calls + [plan_call("enable_new_ir", False),
+                                                 plan_call("collect_shape_range_info", plan["shape_file"])]
+            calls.append(plan_call("enable_tuned_tensorrt_dynamic_shape", plan["shape_file"], True))
+        notes = [f"engine {SUBGRAPH}: Paddle-TRT {precision} on the legacy program, workspace {workspace} bytes, "
+                 f"max batch {max_batch}, min subgraph {min_subgraph}, shapes from {shapes}, engine cache {cache_dir}"]
+        if precision == "int8":
+            notes.append("int8 scales from the model's quantize ops (QAT/PTQ)" if quantized else
+                         "int8 calibration (use_calib_mode=True): run sample images once to write the table")
+        plan.update(engine=SUBGRAPH, calls=calls, notes=notes, calibration=bool(use_calib))
+        return plan
+
+    if pir_trt_available is None:
+        reason = pir_trt_import_error()
+    else:
+        reason = None if pir_trt_available else "not importable"
+    if reason:
+        raise refuse_pir_without_converter(files["model_file"], reason)
+    if precision == "int8" and not quantized:
+        raise UnsupportedError("--backend trt --precision int8: paddle.tensorrt (the route of PIR .json exports) "
+                               "takes int8 scales only from a QAT/PTQ export's quantize ops and cannot calibrate; "
+                               f"quantise the model, or {LEGACY_EXPORT_FIX} and calibrate with --calib-dir")
+    if int(gpu_id) != 0:
+        raise UnsupportedError(f"--backend trt --gpu-id {gpu_id}: paddle.tensorrt converts PIR programs on GPU 0 "
+                               f"only; select the card with CUDA_VISIBLE_DEVICES={gpu_id} and --gpu-id 0")
+    prefix = os.path.join(cache_dir, f"pir_trt_{precision}", "inference")
+    plan["pir_trt"] = {
+        "source_model": files["model_file"], "source_params": files["params_file"], "save_prefix": prefix,
+        "precision": PIR_TRT_PRECISION[precision], "workspace_size": workspace, "min_subgraph_size": min_subgraph,
+        "shape_source": shape_source,
+        "inputs": [{"name": n, "min": ranges["min"][n], "opt": ranges["opt"][n], "max": ranges["max"][n]}
+                   for n in ranges["min"]]}
+    notes = [f"engine {PIR_TRT}: paddle.tensorrt {precision} conversion of the PIR program into {prefix}.json "
+             f"(reused while model, settings and GPU match), workspace {workspace} bytes, max batch {max_batch}, "
+             f"min subgraph {min_subgraph}, shapes from {shapes}"]
+    if precision == "int8":
+        notes.append("int8 scales from the model's quantize ops (QAT/PTQ)")
+    plan.update(engine=PIR_TRT, calls=list(gpu_calls), notes=notes, model_file=prefix + ".json",
+                params_file=prefix + ".pdiparams")
+    return plan
+
+
+# --------------------------------------------------------------------------------------------
+# Evidence that TensorRT ran
+# --------------------------------------------------------------------------------------------
+
+def trt_calibration_tables(cache_dir: str) -> List[str]:
+    return glob.glob(os.path.join(cache_dir, "**", "trt_calib_*"), recursive=True)
+
+
+def trt_engine_files(cache_dir: str) -> List[str]:
+    """Engines the subgraph pass serialised (``use_static``): ``<cache>/trt_serialized_<key>``."""
+    return glob.glob(os.path.join(cache_dir, "**", "trt_serialized_*"), recursive=True)
+
+
+def subgraph_engine_count(plan: dict) -> Optional[int]:
+    """After the first run of a subgraph-route predictor: how many TensorRT engines exist (None
+    while it is calibrating); zero means every op ran on plain CUDA, which is refused."""
+    cache_dir = plan["cache_dir"]
+    if plan["calibration"] and not trt_calibration_tables(cache_dir):
+        return None
+    count = len(trt_engine_files(cache_dir))
+    if count == 0:
+        raise UnsupportedError(f"--backend trt: Paddle-TRT built no engine (no trt_serialized_* in {cache_dir} "
+                               f"after the first run), so the model would run on plain CUDA; use --backend paddle-gpu "
+                               f"for that")
+    return count
+
+
+def tensorrt_engine_count(program) -> int:
+    """``pd_op.tensorrt_engine`` ops in a PIR program."""
+    return sum(op.name() == "pd_op.tensorrt_engine" for op in program.global_block().ops)
+
+
+# --------------------------------------------------------------------------------------------
+# PIR-TRT conversion (GPU builds with paddle.tensorrt only)
+# --------------------------------------------------------------------------------------------
+
+def _file_digest(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pir_trt_key(spec: dict, sample_shapes: Optional[Sequence[Dict[str, list]]], environment: dict) -> dict:
+    """What the converted program depends on: the source files, the conversion settings, the
+    sample shapes (``--trt-shapes collect``), and the GPU / TensorRT / Paddle versions."""
+    key = {k: v for k, v in spec.items() if k not in ("source_model", "source_params", "save_prefix")}
+    key.update(model_sha256=_file_digest(spec["source_model"]), params_sha256=_file_digest(spec["source_params"]),
+               sample_shapes=list(sample_shapes) if sample_shapes else None, **environment)
+    return key
+
+
+def convert_pir_trt(spec: dict, sample_feeds=None) -> int:
+    """Write ``spec["save_prefix"].json`` with ``pd_op.tensorrt_engine`` ops (or reuse a matching
+    earlier conversion); returns the number of TensorRT engines in it."""
+    import numpy as np
+    import paddle
+    from paddle.tensorrt.export import Input, PrecisionMode, TensorRTConfig, convert
+    import tensorrt
+
+    names = [i["name"] for i in spec["inputs"]]
+    collect = spec["shape_source"] == "collect"
+    if collect and not sample_feeds:
+        raise DeployError("--trt-shapes collect needs sample inputs (--input images)")
+    sample_shapes = [{n: list(f[n].shape) for n in names} for f in sample_feeds] if collect else None
+    environment = {"gpu": paddle.device.cuda.get_device_name(0), "tensorrt": tensorrt.__version__,
+                   "paddle": paddle.__version__}
+    key = pir_trt_key(spec, sample_shapes, environment)
+    prefix = spec["save_prefix"]
+    key_file = prefix + ".ppdlx_key.json"
+    if os.path.isfile(prefix + ".json") and os.path.isfile(key_file):
+        with open(key_file, encoding="utf-8") as f:
+            stored = json.load(f)
+        if stored.get("key") == key and stored.get("tensorrt_engines", 0) > 0:
+            return int(stored["tensorrt_engines"])
+    if collect:
+        inputs = [Input(warmup_data=tuple(np.ascontiguousarray(f[n]) for f in sample_feeds), input_data_type=None,
+                        name=n) for n in names]
+    else:
+        inputs = [Input(min_input_shape=tuple(i["min"]), optim_input_shape=tuple(i["opt"]),
+                        max_input_shape=tuple(i["max"]), name=i["name"]) for i in spec["inputs"]]
+    config = TensorRTConfig(inputs=inputs, min_subgraph_size=spec["min_subgraph_size"])
+    config.precision_mode = PrecisionMode[spec["precision"]]
+    config.workspace_size = spec["workspace_size"]
+    config.save_model_dir = prefix  # a path prefix: PREFIX.json / PREFIX.pdiparams, engines under PREFIX/
+    os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    # A path prefix, as in paddle.tensorrt's own examples: given "x.json" it would hand that name to
+    # load_inference_model, which appends ".json" again.
+    engines = tensorrt_engine_count(convert(os.path.splitext(spec["source_model"])[0], config))
+    if engines == 0:
+        raise UnsupportedError(f"--backend trt: paddle.tensorrt converted no op of {spec['source_model']} to "
+                               f"TensorRT, so the model would run on plain CUDA; use --backend paddle-gpu for that")
+    with open(key_file, "w", encoding="utf-8") as f:
+        json.dump({"key": key, "tensorrt_engines": engines}, f, indent=1)
+    return engines

@@ -1,0 +1,193 @@
+"""deploy/python/ppdlx_deploy/trt.py: --backend trt takes Paddle's TensorRT integration that the
+export's program format really reaches (the subgraph engine for a legacy .pdmodel, paddle.tensorrt
+for a PIR .json), refuses in one line what would silently run on plain CUDA, calibrates int8 with
+the serving plan (--gpu-id included), and reports the engine that ran. No GPU here: plans and the
+evidence checks run on CPU against real exports and the real Config/PIR objects."""
+import importlib.util
+import os
+
+import paddle
+import paddle.nn as nn
+import pytest
+
+from ppdlx.benchmarks.infer import load_deploy_module
+from ppdlx.config import load_config
+from ppdlx.export import export_model
+
+D = load_deploy_module()
+T = D.T
+HAS_PIR_TRT = importlib.util.find_spec("paddle.tensorrt") is not None
+
+
+class ConvNet(nn.Layer):
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.num_classes, self.data_format = num_classes, "NCHW"
+        self.body = nn.Sequential(nn.Conv2D(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2D(1), nn.Flatten(),
+                                  nn.Linear(8, num_classes))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _calls(plan, name):
+    return [c for c in plan["calls"] if c["call"] == name]
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """The same tiny classifier exported as a PIR .json and as a legacy .pdmodel."""
+    cfg = load_config(None, ["model.num_classes=3", "data.transforms.crop_size=32", "data.transforms.resize_short=36",
+                             "data.root=/nonexistent"])
+    out = {}
+    for fmt in ("pir", "program"):
+        paddle.seed(0)
+        out[fmt] = str(tmp_path_factory.mktemp(fmt))
+        export_model(cfg, output_dir=out[fmt], model=ConvNet(), fmt=fmt, check_batch_sizes=(1,))
+    return out
+
+
+def _plan(model_dir, backend, precision, **kwargs):
+    meta = D.load_meta(model_dir)
+    return D.build_plan(meta, D.model_files(model_dir, meta), backend, precision, **kwargs)
+
+
+@pytest.mark.skipif(HAS_PIR_TRT, reason="the refusal is for Paddle builds without paddle.tensorrt")
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_pir_export_on_trt_is_refused_without_paddle_tensorrt(exports, precision):
+    """Before: the plan called enable_tensorrt_engine on the .json, which Paddle's PIR pipeline
+    ignores (plain fp32 CUDA reported as Paddle-TRT)."""
+    with pytest.raises(D.UnsupportedError) as err:
+        _plan(exports["pir"], "trt", precision)
+    assert str(err.value) == (
+        "--backend trt: inference.json is a PIR program, which Paddle Inference's TensorRT subgraph engine "
+        "(enable_tensorrt_engine) skips, and paddle.tensorrt (PIR-TRT) cannot be used here (ModuleNotFoundError: "
+        "No module named 'paddle.tensorrt'); install paddlepaddle-gpu built with TensorRT plus the tensorrt wheel, "
+        "or re-export with tools/export_model.py --format program (a legacy .pdmodel for the subgraph engine)")
+    assert "\n" not in str(err.value)
+
+
+def test_pir_export_plan_goes_through_paddle_tensorrt(exports, tmp_path):
+    cache = str(tmp_path / "cache")
+    plan = _plan(exports["pir"], "trt", "fp16", batch_size=8, cache_dir=cache, gpu_mem_mb=512,
+                 pir_trt_available=True)
+    assert plan["engine"] == "pir-trt" and plan["notes"][0].startswith("engine pir-trt:")
+    # the converted program carries the TRT engines: a plain GPU predictor runs it, no subgraph calls
+    assert [(c["call"], c["args"], c["kwargs"]) for c in plan["calls"]] == [
+        ("enable_use_gpu", [512, 0], {"precision_mode": "Float32"}), ("switch_ir_optim", [True], {})]
+    assert plan["model_file"] == os.path.join(cache, "pir_trt_fp16", "inference.json")
+    assert plan["params_file"] == os.path.join(cache, "pir_trt_fp16", "inference.pdiparams")
+    spec = plan["pir_trt"]
+    assert spec["source_model"] == os.path.join(exports["pir"], "inference.json")
+    assert (spec["precision"], spec["workspace_size"], spec["min_subgraph_size"]) == ("FP16", 1 << 30, 3)
+    assert spec["inputs"] == [{"name": "image", "min": [1, 3, 32, 32], "opt": [8, 3, 32, 32],
+                               "max": [256, 3, 32, 32]}]
+    # what a reused conversion must match: the model bytes and every conversion setting
+    env = {"gpu": "A100", "tensorrt": "10.0", "paddle": "3.3"}
+    key = T.pir_trt_key(spec, None, env)
+    assert key["precision"] == "FP16" and len(key["model_sha256"]) == 64 and key["gpu"] == "A100"
+    fp32 = _plan(exports["pir"], "trt", "fp32", batch_size=8, cache_dir=cache, pir_trt_available=True)
+    assert T.pir_trt_key(fp32["pir_trt"], None, env) != key
+    assert fp32["model_file"] == os.path.join(cache, "pir_trt_fp32", "inference.json")
+
+
+def test_pir_trt_refuses_calibration_and_other_gpus(exports):
+    with pytest.raises(D.UnsupportedError) as err:
+        _plan(exports["pir"], "trt", "int8", pir_trt_available=True)
+    assert str(err.value) == (
+        "--backend trt --precision int8: paddle.tensorrt (the route of PIR .json exports) takes int8 scales only "
+        "from a QAT/PTQ export's quantize ops and cannot calibrate; quantise the model, or re-export with "
+        "tools/export_model.py --format program (a legacy .pdmodel for the subgraph engine) and calibrate with "
+        "--calib-dir")
+    assert _plan(exports["pir"], "trt", "int8", quantized=True, pir_trt_available=True)["pir_trt"]["precision"] == \
+        "INT8"
+    with pytest.raises(D.UnsupportedError) as err:
+        _plan(exports["pir"], "trt", "fp16", gpu_id=2, pir_trt_available=True)
+    assert str(err.value) == ("--backend trt --gpu-id 2: paddle.tensorrt converts PIR programs on GPU 0 only; "
+                              "select the card with CUDA_VISIBLE_DEVICES=2 and --gpu-id 0")
+
+
+def test_legacy_export_plan_uses_the_subgraph_engine(exports, tmp_path):
+    plan = _plan(exports["program"], "trt", "fp16", batch_size=4, cache_dir=str(tmp_path / "c"))
+    assert plan["engine"] == "paddle-trt-subgraph" and plan["pir_trt"] is None
+    assert plan["model_file"] == os.path.join(exports["program"], "inference.pdmodel")
+    assert _calls(plan, "enable_tensorrt_engine")[0]["kwargs"]["precision_mode"] == "Half"
+    assert _calls(plan, "enable_new_ir")[0]["args"] == [False]
+
+
+def test_calibration_uses_the_serving_plan_and_gpu_id(exports, tmp_path):
+    """Before: _calibrate built its predictor without --gpu-id (always GPU 0), --gpu-mem-mb or
+    --trt-shapes, so the table could belong to other engines than the ones served."""
+    args = D.parse_args(["--model-dir", exports["program"], "--backend", "trt", "--precision", "int8",
+                         "--gpu-id", "3", "--gpu-mem-mb", "512", "--batch-size", "4",
+                         "--trt-cache-dir", str(tmp_path / "c"), "--calib-dir", str(tmp_path)])
+    meta = D.load_meta(exports["program"])
+    plan = D.calibration_plan(args, meta)
+    assert _calls(plan, "enable_use_gpu")[0]["args"] == [512, 3]
+    trt = _calls(plan, "enable_tensorrt_engine")[0]["kwargs"]
+    assert trt["precision_mode"] == "Int8" and trt["use_calib_mode"] is True
+    assert plan["calibration"] is True and plan["cache_dir"] == str(tmp_path / "c")
+    serving = D.build_plan(meta, D.model_files(exports["program"], meta), "trt", "int8", **D.plan_options(args))
+    assert serving["calls"] == plan["calls"]
+
+
+def test_subgraph_engine_evidence(tmp_path):
+    plan = {"cache_dir": str(tmp_path), "calibration": False}
+    with pytest.raises(D.UnsupportedError) as err:
+        T.subgraph_engine_count(plan)
+    assert str(err.value) == (f"--backend trt: Paddle-TRT built no engine (no trt_serialized_* in {tmp_path} "
+                              f"after the first run), so the model would run on plain CUDA; use --backend "
+                              f"paddle-gpu for that")
+    assert T.subgraph_engine_count({"cache_dir": str(tmp_path), "calibration": True}) is None  # calibrating
+    (tmp_path / "_opt_cache").mkdir()
+    (tmp_path / "_opt_cache" / "trt_serialized_1234").write_bytes(b"engine")
+    assert T.subgraph_engine_count(plan) == 1
+
+
+def test_tensorrt_engine_count_on_a_real_pir_program(exports):
+    """The count the PIR-TRT conversion is checked with, on the program type paddle.tensorrt
+    returns: a plain export has no pd_op.tensorrt_engine op."""
+    with paddle.pir_utils.IrGuard():
+        exe = paddle.static.Executor(paddle.CPUPlace())
+        program, _, _ = paddle.static.load_inference_model(os.path.join(exports["pir"], "inference"), exe)
+    names = [op.name() for op in program.global_block().ops]
+    assert "pd_op.conv2d" in names and T.tensorrt_engine_count(program) == 0
+
+
+def test_other_engines_are_named(exports):
+    assert _plan(exports["pir"], "paddle-cpu", "fp32", threads=1)["engine"] == "onednn"
+    openvino = _plan(exports["program"], "paddle-cpu", "fp32", threads=1, cpu_engine="openvino")
+    assert openvino["engine"] == "openvino"
+    assert _plan(exports["pir"], "paddle-gpu", "fp16")["engine"] == "cuda"
+    assert _plan(exports["pir"], "onnxruntime", "fp32")["engine"] == "onnxruntime"
+
+
+class QuantizedNet(nn.Layer):
+    """A QAT-style graph: fixed-scale quantize/dequantize ops in front of a conv."""
+
+    def __init__(self):
+        super().__init__()
+        from paddle.nn.quant.format import LinearDequanter, LinearQuanter
+        self.num_classes = 3
+        self.quant = LinearQuanter([0.05], zero_point=[0.0], bit_length=8)
+        self.dequant = LinearDequanter([0.05], zero_point=[0.0], bit_length=8)
+        self.conv = nn.Conv2D(3, 3, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(self.dequant(self.quant(x))).mean(axis=[2, 3])
+
+
+def test_quantized_exports_are_told_from_plain_ones_by_their_ops(exports, tmp_path):
+    """Before: a byte search found quantize op names in every legacy .pdmodel (its op version map
+    lists all registered ops), so int8 never calibrated (use_calib_mode=False) on plain models."""
+    from ppdlx.export.paddle_export import save_classifier
+    plain = os.path.join(exports["program"], "inference.pdmodel")
+    assert "fake_channel_wise_quantize_abs_max" in open(plain, "rb").read().decode("latin-1")  # the version map
+    assert not D.is_quantized(plain) and not D.is_quantized(os.path.join(exports["pir"], "inference.json"))
+    qat = save_classifier(QuantizedNet(), str(tmp_path / "qat"), 8, 8, fmt="program")
+    assert {"quantize_linear", "dequantize_linear"} <= D.program_op_types(qat.model_file)
+    assert D.is_quantized(qat.model_file)
+    files = {"format": "program", "model_file": qat.model_file, "params_file": qat.params_file}
+    plan = D.build_plan(D.load_meta(exports["program"]), files, "trt", "int8")
+    assert _calls(plan, "enable_tensorrt_engine")[0]["kwargs"]["use_calib_mode"] is False
+    assert plan["calibration"] is False
