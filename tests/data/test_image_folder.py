@@ -23,7 +23,10 @@ def cfg_for(root, *extra):
 def test_train_and_val_batches_shapes_labels_and_normalisation(tiny_tree):
     cfg = cfg_for(tiny_tree)
     train = build_classification_loader(cfg, "train")
-    assert train.classes if hasattr(train, "classes") else train.dataset.classes == ["0", "1", "2", "3"]
+    assert train.dataset.classes == ["0", "1", "2", "3"]
+    # each sample's label is the index of its class folder in the sorted class list
+    assert all(os.path.basename(os.path.dirname(path)) == train.dataset.classes[label]
+               for path, label in train.dataset.samples)
     images, labels = next(iter(train))
     assert images.shape == [8, 3, 32, 32] and str(images.dtype) == "paddle.float32"
     assert str(labels.dtype) == "paddle.int64" and set(labels.numpy().tolist()) <= {0, 1, 2, 3}
