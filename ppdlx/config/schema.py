@@ -112,7 +112,7 @@ class SyntheticConfig(Section):
 
 class DataConfig(Section):
     # "image_folder" (classification) or "coco" (detection): picks the task's pipeline
-    dataset: str = "image_folder"
+    dataset: Literal["image_folder", "coco"] = "image_folder"
     root: str = "data/imagenet"
     backend: Literal["paddle", "dali", "synthetic"] = "paddle"
     train_split: str = "train"

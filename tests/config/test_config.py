@@ -160,3 +160,11 @@ def test_cli_bad_key_exits_nonzero_with_one_line(tmp_path):
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     assert lines[-1] == "error: -o: train.epoch: unknown key (value 3); did you mean 'train.epochs'?"
     assert "Traceback" not in proc.stderr
+
+
+def test_unknown_dataset_is_refused_with_a_suggestion():
+    # Before: any string but "coco" silently trained an image-folder classifier.
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["data.dataset=cocoo"])
+    assert str(err.value) == ("-o: data.dataset: bad value 'cocoo'; did you mean 'coco'? "
+                              "(allowed: 'image_folder' or 'coco')")
