@@ -5,7 +5,8 @@ separate static model code), with the loss from ``ppdlx.losses``, the optimizer 
 from ``ppdlx.optim`` (same weight-decay exclusions) and the loaders from ``ppdlx.data``.
 Only program building and ``Executor.run`` run in static mode; the loop around them (loaders,
 logging, checkpoints, evaluation metrics, collectives for metrics) stays in dygraph mode, so
-every data backend feeds the executor unchanged (batches are passed as numpy arrays).
+every data backend feeds the executor unchanged: a loader's paddle Tensors are handed over as
+their ``DenseTensor`` (:func:`as_feed`), so batches stay on their device.
 
 One train program does a whole step: forward, loss, backward, then, inside a
 ``static.nn.cond``, the optimizer update. The condition is "the loss is finite" (and, with
@@ -24,7 +25,10 @@ cannot be traced into two programs, and ``clone()`` + ``is_test`` would miss Pyt
 Checkpoints use the dynamic trainer's layout: ``.pdparams`` keyed by the Layer's
 ``state_dict`` names (so static and dynamic checkpoints load into each other and export works
 from either), ``.pdopt`` keyed by the names the dynamic optimizer would use plus
-``LR_Scheduler``, ``.pdstates`` with the same keys; all written atomically.
+``LR_Scheduler`` (and ``master_weights`` under AMP O2), ``.pdstates`` with the same keys (the
+loss scaler's state under ``scaler``); all written atomically. The scope <-> checkpoint mapping,
+including the float32 master weights AMP O2 keeps, is :mod:`ppdlx.engine.static_state`; static
+AMP is :mod:`ppdlx.engine.static_amp`.
 
 IR modes: PIR (Paddle's default) is the primary path. Legacy IR (``FLAGS_enable_pir_api=0``)
 also trains, bit-identically for ResNets: Paddle 3.3.1's generated ``paddle.sum`` accepts only
@@ -39,26 +43,28 @@ import contextlib
 import logging
 import math
 import os
-import re
 import shutil
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 import paddle
+from paddle.base import core
 from paddle.base.framework import _dygraph_guard
 
 from ppdlx.config import save_config
 from ppdlx.data.loader import build_classification_loader
 from ppdlx.engine import checkpoint as ckpt
-from ppdlx.engine import dist
+from ppdlx.engine import dist, static_amp
 from ppdlx.engine.run import _classes_of
 from ppdlx.engine.cpu_kernels import plan_fast_cpu_kernels
 from ppdlx.engine.run import _setup as run_setup
-from ppdlx.engine.amp import AmpPlan, plan_amp
+from ppdlx.engine.amp import AmpPlan
 from ppdlx.engine.builders import build_model, count_params, seed_everything
 from ppdlx.engine.evaluator import ClassificationEvaluator
 from ppdlx.engine.logger import MetricLogger, format_eta
+from ppdlx.engine.static_state import (ScopeState, inner_optimizer, master_weight_names, read_var,
+                                       scope_tensor, share_float32_views)
 from ppdlx.engine.trainer import NonFiniteLossError
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.losses import build_loss
@@ -133,15 +139,32 @@ def both(a, b):
     return (paddle.cast(a, "float32") * paddle.cast(b, "float32")) > 0.5
 
 
-def as_numpy(x, dtype=None) -> np.ndarray:
-    """A loader output (paddle Tensor, DenseTensor or ndarray) as a numpy array for the feed."""
+def as_feed(x, dtype: str, flat: bool = False):
+    """A loader output as an executor feed of ``dtype`` (``flat``: 1-D).
+
+    Paddle Tensors (and ``DenseTensor``s) are cast/reshaped where they live and handed over as a
+    ``DenseTensor`` sharing their memory (the executor takes those as they are:
+    ``Executor._pir_feed_data``); numpy input stays numpy (the executor copies it once).
+    """
+    if isinstance(x, core.DenseTensor):
+        x = paddle.Tensor(x, place=x._place())  # same place: shares the memory
     if isinstance(x, paddle.Tensor):
-        x = x.numpy()
-    else:
-        x = np.asarray(x)
-    if dtype is not None and x.dtype != dtype:
-        x = x.astype(dtype)
-    return x
+        if x.dtype != getattr(paddle, dtype):
+            x = x.astype(dtype)
+        if flat and len(x.shape) != 1:
+            x = x.reshape([-1])
+        if not x.is_contiguous():
+            x = x.contiguous()
+        dense = core.DenseTensor()
+        dense._share_data_with(x.get_tensor())  # keeps the memory alive after ``x`` is gone
+        return dense
+    x = np.asarray(x, dtype=dtype)
+    return x.reshape(-1) if flat else x
+
+
+def feed_rows(x) -> int:
+    """Leading dimension of a feed value (``DenseTensor.shape`` is a method)."""
+    return int(x.shape()[0] if callable(x.shape) else x.shape[0])
 
 
 # ----------------------------------------------------------------------------- static AMP
@@ -153,58 +176,55 @@ def _first_line(err: BaseException) -> str:
     return line.replace("(InvalidType) ", "").rstrip(", ")[:200]
 
 
-def static_amp_trains_on_cpu(dtype: str, level: str):
-    """One AMP train step of a conv+BN+linear net through the same recipe as :func:`build_programs`
-    (``paddle.amp.decorate`` + ``auto_cast`` + ``GradScaler.minimize``) in a throwaway PIR program.
+def _probe_feed(pr, cfg, num_classes: int) -> dict:
+    c = cfg.data.transforms.crop_size
+    shape = [2, 3, c, c] if cfg.model.data_format == "NCHW" else [2, c, c, 3]
+    half = np.asarray([0.5], np.float32)
+    values = {"images": np.random.default_rng(0).standard_normal(shape).astype(np.float32),
+              "labels": np.asarray([0, 1 % num_classes], np.int64), "mix_perm": np.asarray([1, 0], np.int64),
+              "mix_lam": half, "mix_lam_c": half, "ema_decay": half, "ema_rest": half,
+              "apply_now": np.asarray([True])}
+    return {name: values[name] for name in pr.feeds}
 
-    Returns ``(True, "")`` or ``(False, why)``. Paddle 3.3.1's CPU build here: fp16 has no CPU
-    conv2d kernel; bf16 O1/O2 cast batch_norm's input to bf16, which has no CPU kernel (and where
-    bf16 conv2d does build, oneDNN raises ``dnnl::error`` in conv2d_grad without AVX512-BF16).
+
+def amp_step_trains_here(cfg, dtype: str, level: str):
+    """One AMP train step of the configured model, loss and optimizer, built by :func:`build_programs`
+    (batch of 2, throwaway programs and scope, CPU). Returns ``(True, "")`` or ``(False, why)``.
+
+    Paddle 3.3.1's CPU build here: no float16 conv2d/matmul/momentum kernels (PIR refuses the ops
+    while building); bf16 O1/O2 cast batch_norm's input to bf16, which has no CPU kernel, bf16
+    momentum/adamw have none either, and bf16 matmul/conv2d raise ``dnnl::error`` in oneDNN without
+    AVX512-BF16. The one bf16 optimizer kernel, sgd, ignores the fp32 master weights
+    (paddle/phi/kernels/cpu/sgd_kernel.cc), so O2 would train the bf16 copies while the masters --
+    what is saved, evaluated and averaged -- stay put: the probe checks that the masters moved.
     """
     import warnings
-    main, startup = paddle.static.Program(), paddle.static.Program()
+    probe_cfg = cfg.model_copy(deep=True)
+    probe_cfg.train.accumulate = 1  # accumulation is refused with AMP separately
+    num_classes = cfg.model.num_classes
     scope = paddle.static.Scope()
     try:
-        with warnings.catch_warnings(), static_graph(), paddle.utils.unique_name.guard(), \
-                paddle.static.program_guard(main, startup), paddle.static.scope_guard(scope):
+        with warnings.catch_warnings(), static_graph(), paddle.static.scope_guard(scope):
             warnings.simplefilter("ignore")
-            net = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3, bias_attr=False), paddle.nn.BatchNorm2D(4),
-                                       paddle.nn.ReLU(), paddle.nn.Flatten(), paddle.nn.Linear(144, 2))
-            opt = paddle.optimizer.Momentum(0.1, parameters=net.parameters(), multi_precision=True)
-            net, opt = paddle.amp.decorate(models=net, optimizers=opt, level=level, dtype=dtype, master_weight=True)
-            x = paddle.static.data("x", [2, 3, 8, 8], "float32")
-            with paddle.amp.auto_cast(True, level=level, dtype=dtype):
-                y = net(x)
-            loss = paddle.mean(paddle.cast(y, "float32"))
-            scaler = paddle.amp.GradScaler(init_loss_scaling=1.0, use_dynamic_loss_scaling=False)
-            scaler.minimize(opt, scaler.scale(loss))
+            pr = build_programs(probe_cfg, num_classes, 0.1, AmpPlan(True, dtype, level, False), world=1)
             exe = paddle.static.Executor(paddle.CPUPlace())
-            exe.run(startup, scope=scope)
-            out = exe.run(main, feed={"x": np.ones((2, 3, 8, 8), np.float32)}, fetch_list=[loss], scope=scope)
+            exe.run(pr.startup, scope=scope)
+            masters = {n: read_var(scope, n).copy() for n in master_weight_names(pr.optimizer).values()}
+            out = exe.run(pr.main, feed=_probe_feed(pr, cfg, num_classes), fetch_list=[pr.loss], scope=scope)
         if not np.isfinite(out[0]).all():
             return False, "the probe step's loss is not finite"
+        if masters and all(np.array_equal(v, read_var(scope, n)) for n, v in masters.items()):
+            return False, (f"the {cfg.optimizer.name} step left the fp32 master weights unchanged: its CPU "
+                           f"kernel ignores multi_precision")
         return True, ""
     except Exception as err:  # noqa: BLE001 - any failure means "not usable"
         return False, _first_line(err)
 
 
-def plan_static_amp(amp_cfg, device: str) -> AmpPlan:
-    """``plan_amp`` (same one-line errors: fp16 needs a GPU) plus what static AMP can do here."""
-    plan = plan_amp(amp_cfg, device)  # raises for fp16 on CPU; probes dygraph bf16 on CPU
-    if not amp_cfg.enabled:
-        return plan
-    if not use_pir():
-        return AmpPlan(False, "float32", "O0", False,
-                       f"amp: static AMP under legacy IR inserts no casts in Paddle {paddle.__version__} "
-                       f"(paddle.static.amp.decorate leaves the program float32): training runs in float32")
-    if plan.enabled:
-        return plan  # GPU: fp16/bf16 O1/O2 through Paddle's PIR static AMP
-    ok, why = static_amp_trains_on_cpu("bfloat16", amp_cfg.level)
-    if ok:
-        return AmpPlan(True, "bfloat16", amp_cfg.level, False)
-    return AmpPlan(False, "float32", "O0", False,
-                   f"amp: bfloat16 {amp_cfg.level} requested, but a static bf16 train step fails on this CPU in "
-                   f"Paddle {paddle.__version__} ({why}): training runs in float32")
+def plan_static_amp(cfg, device: str) -> AmpPlan:
+    """What static AMP does for this config on ``device`` (:func:`ppdlx.engine.static_amp.plan`)."""
+    return static_amp.plan(cfg.amp, device, use_pir(),
+                           probe=lambda dtype, level: amp_step_trains_here(cfg, dtype, level))
 
 
 # ----------------------------------------------------------------------------- programs
@@ -222,9 +242,10 @@ class _Programs:
         self.model = None            # the static train Layer
         self.eval_model = None
         self.optimizer = None
-        self.scaler = None
+        self.loss_scaling = None     # static_state.LossScaling under AMP with a loss scaler
         self.ema_shadow: Dict[str, str] = {}  # structured name -> shadow variable name
         self.conditional = True      # the update is skipped in-graph when the loss is not finite
+        self.unskipped_note = ""     # what happens instead when it is not (warning text)
 
 
 def optimizer_groups(cfg, model):
@@ -271,10 +292,7 @@ def build_programs(cfg, num_classes: int, lr_schedule, amp: AmpPlan, world: int)
     pr = _Programs()
     fmt, k = cfg.model.data_format, cfg.train.accumulate
     shape = [None, 3, None, None] if fmt == "NCHW" else [None, None, None, 3]
-    if amp.enabled and (k > 1 or world > 1):
-        what = f"train.accumulate={k}" if k > 1 else f"{world} ranks"
-        raise UnsupportedError(f"train.graph=static with amp.enabled and {what}: paddle.static.amp owns the backward "
-                               f"and the update (loss scaling); use train.graph=dynamic for this combination")
+    static_amp.check_combination(amp, k, world)
     amp_ctx = (lambda: paddle.amp.auto_cast(True, level=amp.level, dtype=amp.dtype)) if amp.enabled \
         else contextlib.nullcontext
     with legacy_ir_ops(), paddle.static.program_guard(pr.main, pr.startup), paddle.utils.unique_name.guard():
@@ -283,10 +301,7 @@ def build_programs(cfg, num_classes: int, lr_schedule, amp: AmpPlan, world: int)
         optimizer = _static_optimizer(cfg, model, lr_schedule, multi_precision=amp.enabled)
         amp_optimizer = None
         if amp.enabled:
-            # Paddle's PIR static AMP recipe (decorate, auto_cast, GradScaler): the GPU path; on this
-            # CPU-only machine only its bf16 O1 build is exercised (its backward fails in oneDNN).
-            model, amp_optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level=amp.level,
-                                                       dtype=amp.dtype, master_weight=True)
+            model, amp_optimizer = static_amp.decorate(amp, model, optimizer)
         images = paddle.static.data("images", shape, "float32")
         labels = paddle.static.data("labels", [None], "int64")
         pr.feeds.update(images=images, labels=labels)
@@ -308,25 +323,24 @@ def build_programs(cfg, num_classes: int, lr_schedule, amp: AmpPlan, world: int)
                 logits = model(images)
             loss = criterion(logits, labels)
         finite = is_finite_scalar(loss)
+        ema_update = _ema_ops(pr, model, optimizer) if cfg.ema.enabled else None
         if amp.enabled:
-            scaler = paddle.amp.GradScaler(init_loss_scaling=cfg.amp.init_loss_scaling,
-                                           incr_every_n_steps=cfg.amp.incr_every_n_steps,
-                                           decr_every_n_nan_or_inf=cfg.amp.decr_every_n_nan_or_inf,
-                                           use_dynamic_loss_scaling=amp.use_scaler)
-            scaler.minimize(amp_optimizer, scaler.scale(loss))
-            pr.scaler = scaler
+            pr.loss_scaling = static_amp.append_update(amp, cfg.amp, amp_optimizer, loss, ema_update)
+            pr.conditional = False
+            pr.unskipped_note = ("loss scaling zeroed the gradients, the optimizer op still ran"
+                                 if pr.loss_scaling and pr.loss_scaling.incr_count else
+                                 "update applied (static AMP without dynamic loss scaling cannot skip it)")
         else:
-            _append_update(pr, cfg, model, optimizer, loss, finite, k, world)
+            _append_update(pr, optimizer, loss, finite, k, world, ema_update)
         pr.loss, pr.finite, pr.model, pr.optimizer = loss, finite, model, optimizer
     with legacy_ir_ops(), paddle.static.program_guard(pr.eval, paddle.static.Program()), \
             paddle.utils.unique_name.guard():
         eval_model = build_model(cfg)
         eval_model.eval()
-        if amp.enabled and amp.level == "O2":  # the scope holds low-precision weights
-            eval_model = paddle.amp.decorate(models=eval_model, level="O2", dtype=amp.dtype)
+        # float32 without autocast, as the dynamic trainer evaluates; under O2 it runs on a scope of
+        # float32 views of the masters (StaticTrainer.eval_scope)
         eval_images = paddle.static.data("images", shape, "float32")
-        with amp_ctx():
-            pr.logits = paddle.cast(eval_model(eval_images), "float32")
+        pr.logits = paddle.cast(eval_model(eval_images), "float32")
         pr.eval_model = eval_model
     train_names = {n: v.name for n, v in model.state_dict().items()}
     eval_names = {n: v.name for n, v in eval_model.state_dict().items()}
@@ -335,9 +349,11 @@ def build_programs(cfg, num_classes: int, lr_schedule, amp: AmpPlan, world: int)
     return pr
 
 
-def _ema_ops(pr, model):
+def _ema_ops(pr, model, optimizer):
     """Persistable EMA shadows of every floating state entry; returns ``update()`` that appends
-    ``shadow = shadow * d + w * (1 - d)`` with ``d`` / ``1 - d`` fed per step (as ``ModelEMA``)."""
+    ``shadow = shadow * d + w * (1 - d)`` with ``d`` / ``1 - d`` fed per step (as ``ModelEMA``).
+    Under AMP O2 ``w`` is the parameter's fp32 master (as ``ModelEMA`` averages the masters);
+    ``update()`` must come after the optimizer ops, which create the masters."""
     ema_decay = paddle.static.data("ema_decay", [1], "float32")
     ema_rest = paddle.static.data("ema_rest", [1], "float32")
     pr.feeds.update(ema_decay=ema_decay, ema_rest=ema_rest)
@@ -348,9 +364,11 @@ def _ema_ops(pr, model):
     pr.ema_shadow = {n: s.name for n, (_, s) in shadows.items()}
 
     def update():
+        masters = getattr(inner_optimizer(optimizer), "_master_weights", None) or {}
         for var, shadow in shadows.values():
+            source = masters.get(var.name, var)
             paddle.assign(paddle.scale(shadow, scale=ema_decay)
-                          + paddle.scale(paddle.cast(var, "float32"), scale=ema_rest), output=shadow)
+                          + paddle.scale(paddle.cast(source, "float32"), scale=ema_rest), output=shadow)
     return update
 
 
@@ -359,9 +377,8 @@ def _value(out, fallback):
     return out if isinstance(out, (paddle.pir.Value, paddle.base.framework.Variable)) else fallback
 
 
-def _append_update(pr, cfg, model, optimizer, loss, finite, k: int, world: int) -> None:
+def _append_update(pr, optimizer, loss, finite, k: int, world: int, ema_update) -> None:
     """PIR: backward; [all-reduce]; cond(finite [and k-th micro-batch]) -> update [+ EMA]."""
-    ema_update = _ema_ops(pr, model) if cfg.ema.enabled else None
     if not use_pir():
         _append_update_legacy(pr, optimizer, loss, k, world, ema_update)
         return
@@ -414,6 +431,7 @@ def _append_update_legacy(pr, optimizer, loss, k: int, world: int, ema_update) -
     counted, not skipped), accumulation is ``GradientMergeOptimizer`` and several ranks go through
     ``fleet.distributed_optimizer``."""
     pr.conditional = False
+    pr.unskipped_note = "update applied (legacy IR cannot skip it)"
     opt = optimizer
     if world > 1:
         from paddle.distributed import fleet
@@ -441,6 +459,7 @@ class _ProgramModel:
 
     def __init__(self, trainer):
         self.trainer = trainer
+        trainer.bind_eval_scope()
 
     def eval(self):
         return self
@@ -450,7 +469,7 @@ class _ProgramModel:
 
     def __call__(self, images):
         t = self.trainer
-        logits = t.run(t.pr.eval, {"images": as_numpy(images, np.float32)}, [t.pr.logits])[0]
+        logits = t.run(t.pr.eval, {"images": as_feed(images, "float32")}, [t.pr.logits])[0]
         return paddle.to_tensor(logits)
 
 
@@ -477,104 +496,52 @@ class StaticTrainer:
         self.logger = MetricLogger(self.output_dir, rank)
         self._nonfinite_run = 0
         self._skipped_steps = 0
-        fetch = [pr.loss, getattr(pr, "finite_global", pr.finite)]
-        self._fetch = fetch
+        self._fetch = [pr.loss, getattr(pr, "finite_global", pr.finite)]
+        param_order = [p.name for g in optimizer_groups(cfg, pr.model) for p in g["params"]]
+        self.state = ScopeState(scope, place, self.var_names, dyn_names, pr.optimizer, param_order,
+                                pr.loss_scaling, pr.ema_shadow)
+        self.master_names = self.state.master_names  # param -> float32 master variable (AMP O2)
+        # O2: the float32 eval program reads float32 views (masters, or the EMA) from its own scope
+        self.eval_scope = paddle.static.Scope() if self.master_names else scope
+        self._eval_shadows = None
 
     # ------------------------------------------------------------------ scope access
     def run(self, program, feed, fetch_list):
+        scope = self.eval_scope if program is self.pr.eval else self.scope
         # scope_guard too: Paddle's PIR executor writes the LR variable into global_scope()
-        with static_graph(), paddle.static.scope_guard(self.scope):
-            return self.exe.run(program, feed=feed, fetch_list=fetch_list, scope=self.scope,
-                                use_program_cache=True)
+        with static_graph(), paddle.static.scope_guard(scope):
+            return self.exe.run(program, feed=feed, fetch_list=fetch_list, scope=scope, use_program_cache=True)
+
+    def bind_eval_scope(self) -> None:
+        """Point a separate eval scope (AMP O2) at the float32 state to evaluate: the masters, or
+        the EMA shadows inside :meth:`ema_swapped_in`."""
+        if self.eval_scope is not self.scope:
+            share_float32_views(self.scope, self.eval_scope, self.state.float32_sources(self._eval_shadows))
 
     def get_var(self, name: str) -> np.ndarray:
-        tensor = self.scope.find_var(name).get_tensor()
-        value = np.array(tensor)
-        if value.dtype == np.uint16 and "bfloat16" in str(tensor._dtype()):  # bf16 bits (AMP O2)
-            value = (value.astype(np.uint32) << 16).view(np.float32)
-        return value
+        return self.state.get(name)
 
     def set_var(self, name: str, value) -> None:
-        var = self.scope.find_var(name)
-        if var is None:
-            raise KeyError(name)
-        tensor = var.get_tensor()
-        current = np.array(tensor)
-        value = np.asarray(value.numpy() if isinstance(value, paddle.Tensor) else value)
-        if list(current.shape) != list(value.shape):
-            raise ConfigError(f"checkpoint value for '{name}' has shape {list(value.shape)}, "
-                              f"the program expects {list(current.shape)}")
-        if current.dtype == np.uint16 and value.dtype != np.uint16:  # float -> bf16 bits, round to nearest even
-            bits = value.astype(np.float32).view(np.uint32)
-            value = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-        tensor.set(value.astype(current.dtype, copy=False), self.place)
+        self.state.set(name, value)
 
     def model_state(self) -> Dict[str, np.ndarray]:
-        return {n: self.get_var(v) for n, v in self.var_names.items()}
+        return self.state.model_state()
 
     def set_model_state(self, state: dict) -> None:
-        for name, value in state.items():
-            if name in self.var_names:
-                self.set_var(self.var_names[name], value)
-
-    # ------------------------------------------------------------------ optimizer state
-    def _optimizer(self):
-        opt = self.pr.optimizer
-        return getattr(opt, "_optimizer", opt)  # unwrap paddle.static.amp's decorator
-
-    def _accumulators(self) -> List[tuple]:
-        """``(key in .pdopt, scope variable, structured param name, accumulator kind)`` in the dynamic
-        optimizer's order (parameter-group order; the names the dynamic model gives its accumulators)."""
-        opt = self._optimizer()
-        static_to_struct = {v: n for n, v in self.var_names.items()}
-        groups = optimizer_groups(self.cfg, self.pr.model)
-        order = {p.name: i for i, p in enumerate(p for g in groups for p in g["params"])}
-        out = []
-        for acc_name, per_param in opt._accumulators.items():
-            rows = []
-            for pname, var in per_param.items():
-                struct = static_to_struct.get(pname)
-                key = var.name
-                if struct is not None and key.startswith(pname):
-                    key = self.dyn_names.get(struct, pname) + key[len(pname):]
-                rows.append((order.get(pname, len(order)), key, var.name, struct, acc_name))
-            out += [r[1:] for r in sorted(rows)]
-        return out
+        """Weights into the parameters and, under AMP O2, their float32 masters."""
+        self.state.set_model_state(state)
 
     def optimizer_state(self) -> dict:
-        state = {key: paddle.to_tensor(self.get_var(vname)) for key, vname, _, _ in self._accumulators()}
+        state = self.state.optimizer_state()
         state["LR_Scheduler"] = self.lr_schedule.state_dict()
         return state
 
     def set_optimizer_state(self, state: dict) -> None:
-        rows = self._accumulators()
-        values = {k: v for k, v in state.items() if k not in ("LR_Scheduler", "master_weights")}
-        if all(key in values for key, _, _, _ in rows):
-            for key, vname, _, _ in rows:
-                self.set_var(vname, values[key])
-            return
-        # The file's parameter names come from another process (another build history): match
-        # per accumulator kind in the dynamic optimizer's parameter order, checking shapes.
-        for acc_name in {r[3] for r in rows}:
-            mine = [r for r in rows if r[3] == acc_name]
-            pattern = re.compile(rf"_{re.escape(acc_name)}_\d+$")
-            theirs = [k for k in values if pattern.search(k)]
-            shapes_ok = len(theirs) == len(mine) and all(
-                list(np.shape(values[k])) == list(self.get_var(r[1]).shape) for k, r in zip(theirs, mine))
-            if not shapes_ok:
-                raise ConfigError(f"optimizer state: the checkpoint's '{acc_name}' entries do not match this "
-                                  f"model's parameters ({len(theirs)} vs {len(mine)}); resume with "
-                                  f"model.weights=<prefix> instead to start the optimizer fresh")
-            for k, r in zip(theirs, mine):
-                self.set_var(r[1], values[k])
-        log.info("optimizer state matched by parameter order (names came from another process)")
+        self.state.set_optimizer_state(state)
 
     # ------------------------------------------------------------------ checkpoints
     def ema_state(self) -> Optional[dict]:
-        if not self.pr.ema_shadow:
-            return None
-        return {"updates": self.ema_updates,
-                "shadow": {n: self.get_var(s) for n, s in self.pr.ema_shadow.items()}}
+        return self.state.ema_state(self.ema_updates)
 
     def _states(self) -> dict:
         states = {"epoch": self.epoch, "global_step": self.global_step, "best_metric": self.best_metric,
@@ -583,6 +550,9 @@ class StaticTrainer:
         ema = self.ema_state()
         if ema is not None:
             states["ema"] = ema
+        scaler = self.state.scaler_state()
+        if scaler is not None:
+            states["scaler"] = scaler
         for hook in self.hooks:
             if hasattr(hook, "state_dict"):
                 states[f"hook:{hook.name}"] = hook.state_dict()
@@ -616,11 +586,11 @@ class StaticTrainer:
         self.best_metric = float(states["best_metric"])
         self.last_metrics = states.get("last_metrics", {})
         self.lr_schedule.set_state_dict(states["lr_schedule"])
+        if "scaler" in states:
+            self.state.set_scaler_state(states["scaler"])
         if self.pr.ema_shadow and "ema" in states:
             self.ema_updates = int(states["ema"]["updates"])
-            for n, value in states["ema"]["shadow"].items():
-                if n in self.pr.ema_shadow:
-                    self.set_var(self.pr.ema_shadow[n], value)
+            self.state.set_ema_shadow(states["ema"]["shadow"])
         for hook in self.hooks:
             key = f"hook:{getattr(hook, 'name', '')}"
             if hasattr(hook, "set_state_dict") and key in states:
@@ -649,11 +619,11 @@ class StaticTrainer:
 
     def _feed(self, batch, last_of_window: bool) -> dict:
         images, labels = batch
-        feed = {"images": as_numpy(images, np.float32), "labels": as_numpy(labels, np.int64).reshape(-1)}
+        feed = {"images": as_feed(images, "float32"), "labels": as_feed(labels, "int64", flat=True)}
         if self.mixup_alpha > 0:
             rng = np.random.default_rng([self.seed, self.epoch, self.global_step, 17])
             lam = float(rng.beta(self.mixup_alpha, self.mixup_alpha))
-            feed["mix_perm"] = rng.permutation(feed["images"].shape[0]).astype(np.int64)
+            feed["mix_perm"] = rng.permutation(feed_rows(feed["images"])).astype(np.int64)
             feed["mix_lam"] = np.asarray([lam], np.float32)
             feed["mix_lam_c"] = np.asarray([1.0 - lam], np.float32)
         if "apply_now" in self.pr.feeds:
@@ -675,7 +645,7 @@ class StaticTrainer:
                 f"loss was NaN/inf for {self._nonfinite_run} consecutive steps (epoch {self.epoch + 1}, "
                 f"step {self.global_step}); lower lr.base_lr, enable amp loss scaling, or check the data")
         tlog.warning("non-finite loss at epoch %d step %d: %s", self.epoch + 1, self.global_step,
-                     "step skipped" if self.pr.conditional else "update applied (legacy IR cannot skip it)")
+                     "step skipped" if self.pr.conditional else self.pr.unskipped_note)
         return False
 
     def train_one_epoch(self) -> None:
@@ -693,11 +663,11 @@ class StaticTrainer:
             feed = self._feed(batch, last_of_window)
             loss, finite = self.run(self.pr.main, feed, self._fetch)
             loss_v = float(np.asarray(loss).reshape(-1)[0])
-            # the program skipped the update iff not finite (any rank); paddle.static.amp's loss
-            # scaling decides its own skips
-            finite = self._check_finite(bool(np.asarray(finite).all())) if self.pr.scaler is None else True
-            applied = finite or not self.pr.conditional  # legacy IR applies non-finite updates too
-            window_images += int(feed["images"].shape[0])
+            # the program skipped the update iff not finite (any rank); legacy IR and static AMP
+            # cannot skip it (counted all the same, as the dynamic trainer counts scaler steps)
+            finite = self._check_finite(bool(np.asarray(finite).all()))
+            applied = finite or not self.pr.conditional
+            window_images += feed_rows(feed["images"])
             done_micro += 1
             if not last_of_window:
                 continue
@@ -726,9 +696,17 @@ class StaticTrainer:
 
     @contextlib.contextmanager
     def ema_swapped_in(self):
-        """Temporarily put the EMA weights into the model's variables (e.g. for evaluation)."""
+        """Within the block the eval program sees the EMA weights (swapped into the model's variables,
+        or, under O2, bound into the eval scope)."""
         if not self.pr.ema_shadow:
             yield
+            return
+        if self.eval_scope is not self.scope:  # nothing to swap: the eval scope reads the shadows
+            self._eval_shadows = self.pr.ema_shadow
+            try:
+                yield
+            finally:
+                self._eval_shadows = None
             return
         backup = {n: self.get_var(self.var_names[n]) for n in self.pr.ema_shadow}
         for n, s in self.pr.ema_shadow.items():
@@ -749,11 +727,26 @@ class StaticTrainer:
             return metrics
         return self.evaluator(_ProgramModel(self))
 
+    def sync_ranks(self) -> None:
+        """Average the BatchNorm statistics and other floating buffers (and their EMA shadows) over
+        the ranks in place, as the dynamic trainer does before it evaluates and saves (the program
+        all-reduces gradients, not statistics)."""
+        if self.world_size <= 1:
+            return
+        names = [n for n in dist.running_statistics(self.model) if n in self.var_names]
+        variables = [self.var_names[n] for n in names] + [self.pr.ema_shadow[n] for n in names
+                                                           if n in self.pr.ema_shadow]
+        for name in variables:
+            tensor = scope_tensor(self.scope, name)
+            paddle.distributed.all_reduce(tensor)
+            paddle.assign(tensor / self.world_size, output=tensor)  # in place: the scope keeps the result
+
     def fit(self) -> dict:
         self._call_hooks("before_train")
         while self.epoch < self.epochs:
             self.train_one_epoch()
             self.epoch += 1
+            self.sync_ranks()
             metrics = {}
             if self.evaluator is not None and (self.epoch % self.eval_interval == 0 or self.epoch == self.epochs):
                 metrics = self.evaluate()
@@ -814,8 +807,8 @@ def check_supported(cfg) -> None:
         raise ConfigError(f"ppdlx.engine.static_trainer needs train.graph=static, got {cfg.train.graph}")
 
 
-def _mirror_dynamic_build(cfg, rank, world, device):
-    amp = plan_static_amp(cfg.amp, device)
+def _mirror_dynamic_build(cfg, rank, world, device, amp: Optional[AmpPlan]):
+    amp = amp or plan_static_amp(cfg, device)
     if amp.note:
         log.info(amp.note)
     seed_everything(cfg.global_.seed)
@@ -838,8 +831,9 @@ def _mirror_dynamic_build(cfg, rank, world, device):
     return amp, init_state, dyn_names, n_params, train_loader, val_loader, num_classes
 
 
-def build_static_training(cfg, hooks=()) -> StaticTrainer:
-    """Everything the static loop needs, built from the config (mirrors ``run.build_training``)."""
+def build_static_training(cfg, hooks=(), amp: Optional[AmpPlan] = None) -> StaticTrainer:
+    """Everything the static loop needs, built from the config (mirrors ``run.build_training``).
+    ``amp``: a plan to use instead of :func:`plan_static_amp`'s (which probes this machine)."""
     check_supported(cfg)
     rank, world, device = _setup(cfg)
     # A fresh unique-name scope and the dynamic trainer's order (AMP probe, seed, loaders, model):
@@ -847,7 +841,7 @@ def build_static_training(cfg, hooks=()) -> StaticTrainer:
     # dynamic run of this config in a fresh process (tools/train.py).
     with paddle.utils.unique_name.guard():
         amp, init_state, dyn_names, n_params, train_loader, val_loader, num_classes = _mirror_dynamic_build(
-            cfg, rank, world, device)
+            cfg, rank, world, device, amp)
     seed_everything(cfg.global_.seed + rank)
     global_batch = cfg.data.batch_size * world * cfg.train.accumulate
     steps = len(train_loader) // cfg.train.accumulate

@@ -17,9 +17,10 @@ Gradient accumulation needs nothing extra: the hook runs once per optimizer step
 
 Static graph (``ppdlx.engine.static_trainer.StaticTrainer``, recognised by its ``scope``
 and ``var_names``): the weights live in the scope, so the hook masks them there by name
-with :func:`ppdlx.sparsity.static.apply_masks_to_scope` (a numpy round trip per weight),
-and masks the EMA shadow variables every step too (the program updates them before the
-hook runs), plus ``<name>_fp32_master_0`` master weights when the scope has them.
+with :func:`ppdlx.sparsity.static.apply_masks_to_scope` (in place on their device, masks
+built once on that device), and masks the EMA shadow variables every step too (the program
+updates them before the hook runs), plus the AMP O2 master weights the trainer lists in
+``master_names``.
 
 Masks and the rules that made them are saved in the checkpoint (``.pdstates``, key
 ``hook:asp``); on resume they are restored instead of recomputed, so the run keeps
@@ -33,9 +34,11 @@ from typing import Dict, Mapping, Optional
 import numpy as np
 import paddle
 
+from ppdlx.engine.static_state import shared_tensor
 from ppdlx.errors import ConfigError
 from ppdlx.sparsity.masks import KINDS, compute_mask, density, nm_violations, pack_mask, unpack_mask
 from ppdlx.sparsity.rules import SparsityRules, scan_model
+from ppdlx.sparsity.static import apply_masks_to_scope, device_mask
 
 log = logging.getLogger("ppdlx.asp")
 
@@ -88,7 +91,7 @@ class ASPHook:
         self._pending_masters = []   # (param, fp32 mask): low-precision params whose master is not created yet
         self._ema_targets = []       # (fp32 shadow, fp32 mask)
         self._static = None          # a StaticTrainer: weights are scope variables
-        self._scope_masks = {}       # scope variable name -> mask in the variable's dtype
+        self._scope_masks = {}       # scope variable name -> mask tensor (its dtype, its device)
 
     @classmethod
     def from_config(cls, asp_cfg, **kwargs) -> "ASPHook":
@@ -112,8 +115,8 @@ class ASPHook:
 
     def _read_static(self, name: str) -> np.ndarray:
         t = self._static
-        master = t.scope.find_var(t.var_names[name] + "_fp32_master_0")
-        w = np.array(master.get_tensor()) if master is not None else t.get_var(t.var_names[name])
+        var = t.var_names[name]
+        w = t.get_var(getattr(t, "master_names", {}).get(var, var))
         return w.astype(np.float32, copy=False)
 
     def attach(self, model, optimizer=None, ema=None) -> None:
@@ -174,17 +177,14 @@ class ASPHook:
     def _build_scope_targets(self, pruned) -> None:
         t = self._static
         shadow = getattr(getattr(t, "pr", None), "ema_shadow", None) or {}
+        masters = getattr(t, "master_names", {})
         self._scope_masks = {}
         for name in pruned:
-            mask = self.masks[name]
-            names = [t.var_names[name], t.var_names[name] + "_fp32_master_0"]
-            if name in shadow:
-                names.append(shadow[name])
-            for var_name in names:
-                var = t.scope.find_var(var_name)
+            param = t.var_names[name]
+            for var_name in (param, masters.get(param), shadow.get(name)):
+                var = t.scope.find_var(var_name) if var_name else None
                 if var is not None:
-                    dtype = np.array(var.get_tensor()).dtype
-                    self._scope_masks[var_name] = mask.astype(dtype if dtype != np.uint16 else np.float32)
+                    self._scope_masks[var_name] = device_mask(self.masks[name], shared_tensor(var.get_tensor()))
 
     def _resolve_masters(self) -> None:
         masters = _master_weights(self._optimizer)
@@ -202,8 +202,7 @@ class ASPHook:
     def apply(self, include_ema: bool = False) -> None:
         """Multiply every pruned weight (and master copy) by its mask, in place."""
         if self._static is not None:  # the program updated the EMA already: mask it every step
-            from ppdlx.sparsity.static import apply_masks_to_scope
-            apply_masks_to_scope(self._static.scope, self._scope_masks, self._static.place)
+            apply_masks_to_scope(self._static.scope, self._scope_masks)
             return
         if self._pending_masters:
             self._resolve_masters()

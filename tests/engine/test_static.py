@@ -202,11 +202,12 @@ def test_unsupported_combinations_are_one_line(tiny_tree, tmp_path):
     with pytest.raises(UnsupportedError) as err:
         build_static_training(cfg)
     assert str(err.value).startswith("amp.dtype=float16 needs a GPU")
-    # bf16 on this CPU: a note, then float32 (static bf16 O2 has no bf16 batch_norm kernel)
+    # bf16 on this CPU: a note, then float32 (the probe step of this model: no bf16 batch_norm kernel)
     cfg = load_config(DEMO, overrides(tiny_tree, tmp_path, "static", "amp.enabled=true", "amp.dtype=bfloat16",
                                       "amp.level=O2"))
-    plan = plan_static_amp(cfg.amp, "cpu")
+    plan = plan_static_amp(cfg, "cpu")
     assert not plan.enabled and plan.note.endswith("training runs in float32")
+    assert "batch_norm" in plan.note, plan.note
     # oneDNN breaks static programs (to_static: "dst_tensor ... defined"): refused up front
     paddle.set_flags({"FLAGS_use_onednn": True})
     try:

@@ -127,7 +127,8 @@ def test_restored_masks_are_used_not_recomputed():
 
 def test_amp_o2_master_weights_are_masked():
     """bf16 parameters with fp32 master weights (what paddle.amp.decorate O2 sets up); SGD has
-    CPU bf16 kernels, so the master-weight path runs for real here."""
+    CPU bf16 kernels, so the masters are created and masked for real here (the CPU kernel steps
+    the bf16 parameter and leaves the master as it is: paddle/phi/kernels/cpu/sgd_kernel.cc)."""
     paddle.seed(0)
 
     class Layer(paddle.nn.Layer):
@@ -171,7 +172,7 @@ def test_apply_masks_by_name_for_static_trainers():
     dense = paddle.base.core.DenseTensor()
     dense.set(np.ones((8, 8), np.float32), paddle.CPUPlace())
     for target in (arr, t, dense):
-        assert apply_masks({"w": target}, {"w": masks["0.weight"]}, place=paddle.CPUPlace()) == 1
+        assert apply_masks({"w": target}, {"w": masks["0.weight"]}) == 1
         assert np.array_equal(np.array(target) != 0, masks["0.weight"])
     with pytest.raises(KeyError):
         apply_masks({}, {"w": masks["0.weight"]})
@@ -192,7 +193,7 @@ def test_masks_survive_to_static_training(tmp_path):
 
 
 def test_masks_survive_static_graph_training_with_ema(tmp_path):
-    static_trainer = pytest.importorskip("ppdlx.engine.static_trainer")
+    from ppdlx.engine import static_trainer
     cfg = tiny_cfg(tmp_path, "train.graph=static", "train.epochs=1", "data.synthetic.num_images=16",
                    "ema.enabled=true", "ema.decay=0.5")
     asp = ASPHook()
@@ -215,3 +216,50 @@ def test_masks_survive_static_graph_training_with_ema(tmp_path):
     state = paddle.load(str(tmp_path / "latest.pdparams"))
     for k, mask in asp.masks.items():
         assert not np.asarray(state[k])[~mask].any()
+
+
+def test_static_masking_stays_on_the_device(tmp_path):
+    """The static hook multiplies the scope tensors in place with masks built once on their device:
+    after the masks are made, training steps copy no weight through host memory."""
+    from ppdlx.engine.static_trainer import build_static_training
+    from tests.engine.test_static_feed import host_copies
+    cfg = tiny_cfg(tmp_path, "train.graph=static", "train.epochs=1", "data.synthetic.num_images=16",
+                   "ema.enabled=true", "ema.decay=0.5")
+    asp = ASPHook()
+    trainer = build_static_training(cfg, hooks=[asp])
+    trainer._call_hooks("before_train")  # computes the masks from the weights (read once)
+    with host_copies() as copies:
+        trainer.train_one_epoch()
+    assert trainer.global_step == 2
+    assert [c for c in copies if c[1] > 1] == []  # only the per-step scalars
+    for k, mask in asp.masks.items():
+        assert not trainer.get_var(trainer.var_names[k])[~mask].any(), k
+        assert not trainer.get_var(trainer.pr.ema_shadow[k])[~mask].any(), k
+        assert trainer.get_var(trainer.var_names[k])[mask].all(), k
+
+
+def test_static_amp_o2_masters_and_ema_are_masked(tmp_path):
+    """bf16 O2 static program (elementwise Linear model: the bf16 ops this CPU runs): the hook
+    masks the parameters, the fp32 masters the trainer lists and the EMA shadows."""
+    from ppdlx.engine.amp import AmpPlan
+    from ppdlx.engine.static_trainer import build_static_training
+    from tests.engine.test_static_amp import elementwise_cfg
+    cfg = elementwise_cfg(tmp_path, "ema.enabled=true", "ema.decay=0.5")
+    asp = ASPHook()
+    seen = []
+
+    class ScopeChecker:
+        name = "scope_checker"
+
+        def after_optimizer_step(self, trainer):
+            for k, mask in asp.masks.items():
+                var = trainer.var_names[k]
+                for name in (var, trainer.master_names[var], trainer.pr.ema_shadow[k]):
+                    assert not trainer.get_var(name)[~mask].any(), (k, name)
+            seen.append(trainer.global_step)
+
+    # O2 forced: this CPU's planner refuses it (its sgd kernel ignores the masters)
+    trainer = build_static_training(cfg, hooks=[asp, ScopeChecker()], amp=AmpPlan(True, "bfloat16", "O2", False))
+    trainer.fit()
+    assert seen == [1, 2, 3, 4] and list(asp.masks) == ["hidden.weight"]
+    assert "_fp32_master" in trainer.master_names[trainer.var_names["hidden.weight"]]

@@ -1,0 +1,227 @@
+"""Static-graph AMP state: O2 master weights, loss scaling and EMA through load, save and resume.
+
+Paddle 3.3.1's CPU build has no float16 kernels and no bf16 conv/batch_norm/momentum kernels,
+so these tests train a model whose Linear layers are applied with elementwise ops (multiply +
+sum, which have CPU bf16 kernels) with SGD: Paddle's real PIR static AMP recipe (decorate O2 with
+fp32 master weights, auto_cast, GradScaler.minimize) then builds and runs here.
+"""
+import contextlib
+
+import numpy as np
+import paddle
+import pytest
+
+from ppdlx.config import load_config
+from ppdlx.engine import checkpoint as ckpt
+from ppdlx.engine.amp import AmpPlan
+from ppdlx.engine.builders import build_model
+from ppdlx.engine.static_trainer import (StaticTrainer, _ProgramModel, build_programs, build_static_training,
+                                         static_graph)
+from ppdlx.errors import UnsupportedError
+from ppdlx.optim import build_lr_schedule
+from ppdlx.registry import MODELS
+
+CROP = 8
+
+
+class ElementwiseNet(paddle.nn.Layer):
+    """Two Linear layers (prunable by ASP) computed as ``(x[..., None] * W).sum(1) + b``."""
+
+    def __init__(self, num_classes, data_format="NCHW", hidden=8):
+        super().__init__()
+        self.hidden = paddle.nn.Linear(3 * CROP * CROP, hidden)
+        self.fc = paddle.nn.Linear(hidden, num_classes)
+
+    def forward(self, x):
+        h = (x.flatten(1).unsqueeze(-1) * self.hidden.weight).sum(1) + self.hidden.bias
+        h = paddle.nn.functional.relu(h)
+        return (h.unsqueeze(-1) * self.fc.weight).sum(1) + self.fc.bias
+
+
+if "test_elementwise_net" not in MODELS:
+    MODELS.register("test_elementwise_net")(ElementwiseNet)
+
+
+def elementwise_cfg(out, *extra):
+    return load_config(None, [
+        f"global.output_dir={out}", "global.device=cpu", "global.log_interval=1", "global.cpu_fast_kernels=false",
+        "model.name=test_elementwise_net", "model.num_classes=4", "data.backend=synthetic",
+        "data.synthetic.num_images=16", "data.batch_size=4", f"data.transforms.crop_size={CROP}", "train.epochs=1",
+        "lr.base_lr=0.1", "lr.scale_with_batch=false", "lr.warmup_epochs=0", "train.graph=static",
+        "optimizer.name=sgd", "amp.enabled=true", "amp.dtype=bfloat16", "amp.level=O2", *extra])
+
+
+def trainer_with_plan(cfg, plan):
+    """What build_static_training builds after planning, with a given AMP plan (no loaders)."""
+    lr_schedule = build_lr_schedule(cfg, cfg.data.batch_size, 4)
+    with static_graph():
+        pr = build_programs(cfg, cfg.model.num_classes, lr_schedule, plan, 1)
+        exe, scope = paddle.static.Executor(paddle.CPUPlace()), paddle.static.Scope()
+        with paddle.static.scope_guard(scope):
+            exe.run(pr.startup, scope=scope)
+    names = {n: v.name for n, v in pr.model.state_dict().items()}
+    return StaticTrainer(cfg, pr, exe, scope, paddle.CPUPlace(), lr_schedule, None, None, plan, names)
+
+
+def masters_of(trainer):
+    """Structured name -> fp32 master, found through the optimizer itself (Paddle's own map)."""
+    masters = {p: v.name for p, v in trainer.pr.optimizer._master_weights.items()}
+    return {n: trainer.get_var(masters[v]) for n, v in trainer.var_names.items() if v in masters}
+
+
+def random_state(trainer, seed):
+    rng = np.random.default_rng(seed)
+    return {n: (0.1 * rng.standard_normal(v.shape)).astype(np.float32) for n, v in trainer.model_state().items()}
+
+
+def params_of(path):
+    return {k: np.asarray(v) for k, v in paddle.load(str(path)).items()}
+
+
+def batch(seed=0):
+    rng = np.random.default_rng(seed)
+    return {"images": rng.standard_normal((4, 3, CROP, CROP)).astype(np.float32),
+            "labels": rng.integers(0, 4, 4).astype(np.int64)}
+
+
+def test_o2_master_weights_take_loaded_and_resumed_values(tmp_path):
+    """Paddle's GPU optimizer kernels step from the fp32 master and cast it into the parameter, so
+    whatever is loaded must be in the masters; checked on the scope of a real O2 program."""
+    cfg = elementwise_cfg(tmp_path, "amp.init_loss_scaling=1.0")
+    plan = AmpPlan(True, "bfloat16", "O2", False)
+    a = trainer_with_plan(cfg, plan)
+    loaded = random_state(a, 0)
+    a.set_model_state(loaded)
+    masters = masters_of(a)
+    assert sorted(masters) == sorted(loaded)  # every parameter is bf16 with a master
+    for n, value in loaded.items():
+        assert np.array_equal(masters[n], value), n  # full fp32 precision, not the initialiser
+        param = a.get_var(a.var_names[n])
+        assert not np.array_equal(param, value) and np.abs(param - value).max() <= 2 ** -8 * np.abs(value).max()
+    a.save(improved=False)
+    pdparams = params_of(tmp_path / "latest.pdparams")
+    pdopt = paddle.load(str(tmp_path / "latest.pdopt"))
+    for n, value in loaded.items():  # float32 masters in both files, as the dynamic trainer saves
+        assert np.array_equal(pdparams[n], value), n
+        assert np.array_equal(np.asarray(pdopt["master_weights"][a.dyn_names[n]]), value), n
+
+    b = trainer_with_plan(cfg, plan)  # fresh programs: other initialiser values
+    b.resume(str(tmp_path / "latest"))
+    got = masters_of(b)
+    for n in loaded:
+        assert np.array_equal(got[n], loaded[n]), n
+        assert np.array_equal(b.get_var(b.var_names[n]), a.get_var(a.var_names[n])), n
+    c = trainer_with_plan(cfg, plan)
+    c.set_optimizer_state(pdopt)  # .pdopt alone restores the masters
+    assert all(np.array_equal(masters_of(c)[n], loaded[n]) for n in loaded)
+
+
+def test_o2_on_this_cpu_falls_back_to_float32_in_one_line(tmp_path):
+    """The only bf16 optimizer kernel on CPU, sgd, ignores the masters (paddle/phi/kernels/cpu/
+    sgd_kernel.cc): O2 would save and evaluate masters that never move. The planner's probe sees it."""
+    from ppdlx.engine.static_trainer import plan_static_amp
+    plan = plan_static_amp(elementwise_cfg(tmp_path), "cpu")
+    assert (plan.enabled, plan.dtype) == (False, "float32")
+    assert plan.note.endswith("(the sgd step left the fp32 master weights unchanged: its CPU kernel ignores "
+                              "multi_precision): training runs in float32"), plan.note
+    assert plan_static_amp(elementwise_cfg(tmp_path, "amp.level=O1"), "cpu").enabled  # no masters in O1
+
+
+def test_o2_with_ema_and_model_weights_through_the_trainer(tmp_path):
+    """The whole trainer with an O2 plan (forced: this CPU refuses O2, see above): model.weights
+    reach the masters, the in-program EMA averages the masters after every update, evaluation
+    runs in float32 on the masters or the EMA, as the dynamic trainer does."""
+    probe = elementwise_cfg(tmp_path / "probe")
+    model = build_model(probe)
+    rng = np.random.default_rng(1)
+    weights = {n: (0.1 * rng.standard_normal(v.shape)).astype(np.float32) for n, v in model.state_dict().items()}
+    paddle.save({n: paddle.to_tensor(v) for n, v in weights.items()}, str(tmp_path / "init.pdparams"))
+    cfg = elementwise_cfg(tmp_path / "run", "ema.enabled=true", "ema.decay=0.5",
+                          f"model.weights={tmp_path / 'init'}")
+    seen = []
+
+    class Recorder:
+        name = "recorder"
+
+        def after_optimizer_step(self, trainer):
+            seen.append(trainer.model_state())
+
+    plan = AmpPlan(True, "bfloat16", "O2", False)
+    trainer = build_static_training(cfg, hooks=[Recorder()], amp=plan)
+    assert all(np.array_equal(trainer.get_var(trainer.master_names[v]), weights[n])
+               for n, v in trainer.var_names.items())
+    for s in trainer.pr.ema_shadow.values():  # start the EMA away from the weights: every update shows
+        trainer.set_var(s, np.zeros_like(trainer.get_var(s)))
+    trainer.fit()
+    assert len(seen) == 4
+    shadow = {n: np.zeros_like(w) for n, w in weights.items()}
+    for state in seen:
+        shadow = {n: shadow[n] * np.float32(0.5) + state[n] * np.float32(0.5) for n in shadow}
+    ema = ckpt.load_states(str(tmp_path / "run" / "latest.pdstates"))["ema"]
+    assert ema["updates"] == 4
+    assert max(float(np.abs(ema["shadow"][n] - shadow[n]).max()) for n in shadow) < 1e-7
+    assert max(float(np.abs(shadow[n]).max()) for n in shadow) > 0.05
+    # evaluation: float32 on the masters (and on the EMA when swapped in), as a dynamic fp32 model
+    images = paddle.to_tensor(batch(3)["images"])
+    model.eval()
+    for state, swap in ((trainer.model_state(), contextlib.nullcontext), (shadow, trainer.ema_swapped_in)):
+        model.set_state_dict({n: paddle.to_tensor(v) for n, v in state.items()})
+        with paddle.no_grad():
+            ref = model(images).numpy()
+        with swap():
+            got = _ProgramModel(trainer)(images).numpy()
+        assert np.abs(got - ref).max() < 1e-5
+    assert trainer.last_metrics["weights"] == "ema"
+    # accumulation is still refused in one line under static AMP
+    with pytest.raises(UnsupportedError) as err:
+        build_static_training(elementwise_cfg(tmp_path / "acc", "train.accumulate=2"), amp=plan)
+    assert str(err.value).startswith("train.graph=static with amp.enabled and train.accumulate=2:")
+
+
+def test_loss_scale_is_applied_and_round_trips(tmp_path):
+    """Fixed loss scaling (the float16 path with amp.use_dynamic_loss_scaling=false; bf16 O1 stands
+    in for fp16, which has no CPU kernels): the update equals the unscaled one, and the scale is
+    saved in GradScaler.state_dict()'s layout and restored on resume."""
+    cfg = elementwise_cfg(tmp_path, "amp.level=O1", "amp.init_loss_scaling=128", "amp.use_dynamic_loss_scaling=false")
+    scaled = trainer_with_plan(cfg, AmpPlan(True, "bfloat16", "O1", True))
+    plain = trainer_with_plan(cfg, AmpPlan(True, "bfloat16", "O1", False))
+    weights = random_state(scaled, 2)
+    for t in (scaled, plain):
+        t.set_model_state(weights)
+        t.run(t.pr.main, batch(), t._fetch)
+    after, ref = scaled.model_state(), plain.model_state()
+    assert max(float(np.abs(after[n] - weights[n]).max()) for n in weights) > 1e-3
+    assert max(float(np.abs(after[n] - ref[n]).max()) for n in ref) < 1e-7
+    scale_var = scaled.pr.loss_scaling.scale
+    assert scaled.get_var(scale_var).tolist() == [128.0]
+    scaled.set_var(scale_var, np.asarray([512.0], np.float32))  # as a GPU run's scaling may have moved it
+    scaled.save(improved=False)
+    state = ckpt.load_states(str(tmp_path / "latest.pdstates"))["scaler"]
+    assert sorted(state) == sorted(["scale", "incr_ratio", "decr_ratio", "incr_every_n_steps",
+                                    "decr_every_n_nan_or_inf", "incr_count", "decr_count",
+                                    "use_dynamic_loss_scaling"])  # paddle.amp.GradScaler.state_dict()
+    assert state["scale"].tolist() == [512.0] and state["use_dynamic_loss_scaling"] is False
+    resumed = trainer_with_plan(cfg, AmpPlan(True, "bfloat16", "O1", True))
+    resumed.resume(str(tmp_path / "latest"))
+    assert resumed.get_var(resumed.pr.loss_scaling.scale).tolist() == [512.0]
+    assert plain.state.scaler_state() is None  # no scaler (bf16), as the dynamic trainer: nothing to save
+
+
+def test_dynamic_loss_scaling_counters_round_trip():
+    """num_good_steps / num_bad_steps (float16 dynamic loss scaling, GPU-only to build) map to
+    GradScaler's incr_count / decr_count; checked on real persistable scope variables."""
+    from ppdlx.engine.static_state import LossScaling, ScopeState
+    main, startup, scope = paddle.static.Program(), paddle.static.Program(), paddle.static.Scope()
+    with static_graph(), paddle.static.program_guard(main, startup):
+        made = [paddle.pir.core.create_persistable_value(dtype, [1], name=name,
+                                                         initializer=paddle.nn.initializer.Constant(value))
+                for name, dtype, value in (("loss_scaling_0", "float32", 128.0), ("num_good_steps_0", "int32", 0),
+                                           ("num_bad_steps_0", "int32", 0))]
+        paddle.static.Executor(paddle.CPUPlace()).run(startup, scope=scope)
+    ls = LossScaling(*[v.name for v in made], settings={"incr_ratio": 2.0, "use_dynamic_loss_scaling": True})
+    state = ScopeState(scope, paddle.CPUPlace(), {}, {}, loss_scaling=ls)
+    assert state.scaler_state()["scale"].tolist() == [128.0]
+    state.set_scaler_state({"scale": np.asarray([256.0], np.float32), "incr_count": 7, "decr_count": 1})
+    got = state.scaler_state()
+    assert (got["scale"].tolist(), got["incr_count"], got["decr_count"], got["incr_ratio"]) == ([256.0], 7, 1, 2.0)
+    assert np.array(scope.find_var("num_good_steps_0").get_tensor()).dtype == np.int32
