@@ -54,22 +54,11 @@ def running_statistics(layer) -> dict:
 
 
 @paddle.no_grad()
-def average_buffers(layer) -> int:
-    """Average every running statistic of ``layer`` over the ranks (timm's ``distribute_bn`` reduce)."""
-    buffers = running_statistics(layer)
-    for value in buffers.values():
-        dist.all_reduce(value)
-        value.set_value(value / world_size())
-    return len(buffers)
-
-
-@paddle.no_grad()
-def average_buffers_in(state: dict, layer) -> None:
-    """The same for the entries of ``state`` (e.g. EMA shadows) that are buffers of ``layer``."""
-    for name in running_statistics(layer):
-        if name in state:
-            dist.all_reduce(state[name])
-            state[name].set_value(state[name] / world_size())
+def average_over_ranks(tensors) -> None:
+    """In place, each tensor becomes its mean over the ranks (timm's ``distribute_bn`` reduce)."""
+    for tensor in tensors:
+        dist.all_reduce(tensor)
+        paddle.assign(tensor / world_size(), output=tensor)
 
 
 class RanksDivergedError(PpdlxError):
@@ -81,7 +70,7 @@ def check_parameters_in_sync(layer, when: str) -> None:
     """Raise if a parameter differs between ranks: one float64 fingerprint per parameter, min and max
     all-reduced (two small collectives), so a kernel or hook that bypasses DataParallel's gradient
     all-reduce is named instead of silently training different models on each rank."""
-    named = [(n, p) for n, p in layer.named_parameters()]
+    named = list(layer.named_parameters())
     if not named:
         return
     prints = paddle.stack([paddle.concat([p.astype("float64").sum().reshape([1]),

@@ -736,10 +736,7 @@ class StaticTrainer:
         names = [n for n in dist.running_statistics(self.model) if n in self.var_names]
         variables = [self.var_names[n] for n in names] + [self.pr.ema_shadow[n] for n in names
                                                            if n in self.pr.ema_shadow]
-        for name in variables:
-            tensor = scope_tensor(self.scope, name)
-            paddle.distributed.all_reduce(tensor)
-            paddle.assign(tensor / self.world_size, output=tensor)  # in place: the scope keeps the result
+        dist.average_over_ranks(scope_tensor(self.scope, name) for name in variables)  # in place in the scope
 
     def fit(self) -> dict:
         self._call_hooks("before_train")

@@ -66,9 +66,8 @@ class Trainer:
         self.logger = MetricLogger(self.output_dir, self.rank)
         self._nonfinite_run = 0
         self._skipped_steps = 0
-        self._skipped_logged = 0
-        # With a loss scaler the finite check stays on the device until the next log line:
-        # [current run of non-finite steps, longest run since the last read, skipped since the last read]
+        # With a loss scaler the finite check stays on the device until the next log line: (current run
+        # of non-finite steps, longest run since the last read, steps skipped since the last read)
         self._nonfinite_on_device = None
 
     # ----------------------------------------------------------------- helpers
@@ -171,12 +170,13 @@ class Trainer:
             # The scaler itself skips an update with non-finite gradients, identically on every rank
             # (the gradients are all-reduced): count the losses on the device, read them when logging.
             self._optimizer_step()
-            bad = 1 - finite.astype("int64").reshape([1])
-            counts = self._nonfinite_on_device
-            if counts is None:
-                counts = paddle.concat([paddle.full([1], self._nonfinite_run, "int64"), paddle.zeros([2], "int64")])
-            run = (counts[0:1] + 1) * bad
-            self._nonfinite_on_device = paddle.concat([run, paddle.maximum(counts[1:2], run), counts[2:3] + bad])
+            bad = 1 - finite.astype("int64")
+            if self._nonfinite_on_device is None:
+                zero = paddle.zeros_like(bad)
+                self._nonfinite_on_device = (zero + self._nonfinite_run, zero, zero)
+            run, longest, skipped = self._nonfinite_on_device
+            run = (run + 1) * bad
+            self._nonfinite_on_device = (run, paddle.maximum(longest, run), skipped + bad)
             return
         if bool(finite):  # the one host read per optimizer step: the skip decision needs it
             self._nonfinite_run = 0
@@ -199,11 +199,9 @@ class Trainer:
     def _read_device_counts(self) -> None:
         if self._nonfinite_on_device is None:
             return
-        run, longest, skipped = (int(v) for v in self._nonfinite_on_device.numpy())
+        run, longest, skipped = (int(v) for v in self._nonfinite_on_device)
         self._nonfinite_on_device = None
-        if longest >= self.max_nonfinite_steps:
-            self._count_nonfinite(skipped, longest)
-        self._count_nonfinite(skipped, run)
+        self._count_nonfinite(skipped, longest if longest >= self.max_nonfinite_steps else run)
 
     def train_one_epoch(self) -> None:
         self.model.train()
@@ -271,9 +269,9 @@ class Trainer:
         every rank evaluates, and rank 0 saves, the same model; and check that the parameters agree."""
         if self.world_size <= 1:
             return
-        dist.average_buffers(self.raw_model)
-        if self.ema is not None:
-            dist.average_buffers_in(self.ema.shadow, self.raw_model)
+        statistics = dist.running_statistics(self.raw_model)
+        shadows = [self.ema.shadow[n] for n in statistics if n in self.ema.shadow] if self.ema is not None else []
+        dist.average_over_ranks(list(statistics.values()) + shadows)
         dist.check_parameters_in_sync(self.raw_model, f"after epoch {self.epoch}")
 
     def fit(self) -> dict:
