@@ -10,7 +10,7 @@
  * program) + inference.pdiparams; the program file is chosen by which file exists, and --backend trt
  * needs the legacy one (model_select.h: the TensorRT subgraph engine skips PIR programs). --input is a
  * raw little-endian float32 tensor already pre-processed as inference.yml says (see README.md:
- * `deploy/python/infer.py` can write one); without it a constant image is used (benchmarking).
+ * deploy/python/ppdlx_deploy can write one); without it a constant image is used (benchmarking).
  * Prints the engine that runs the network (onednn, cuda, paddle-trt-subgraph), the top-5 classes of
  * the first image and, with --repeats, latency mean/p50/p90/p95/p99 (true percentiles of per-batch
  * times, warm-up excluded) and throughput.
@@ -103,7 +103,7 @@ int main(int argc, char **argv) {
   snprintf(cache, sizeof cache, "%s", a.trt_cache ? a.trt_cache : a.model_dir);
   printf("engine %s: %s\n", choice.engine, prog);
 
-  /* ---- configuration: the same choices as deploy/python/infer.py's plan */
+  /* ---- configuration: the same choices as build_plan() in deploy/python/ppdlx_deploy/plan.py */
   PD_Config *config = PD_ConfigCreate();
   PD_ConfigSetModel(config, prog, choice.params);
   PD_ConfigSwitchIrOptim(config, TRUE);

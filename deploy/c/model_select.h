@@ -1,6 +1,6 @@
 /*
  * Which program file of a tools/export_model.py export runs for a backend, and which engine runs
- * it: the same decisions as deploy/python/infer.py (ppdlx_deploy/trt.py), needing only libc.
+ * it: the same decisions as deploy/python/infer.py (ppdlx_deploy/plan.py, trt.py), needing only libc.
  *
  * Paddle Inference routes a PIR program (inference.json) through its PIR pass pipeline, which has
  * no TensorRT step: PD_ConfigEnableTensorRtEngine would be ignored and the model would run on

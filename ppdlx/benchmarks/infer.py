@@ -1,34 +1,83 @@
 """Inference speed: ppdlx's deploy predictor (Paddle Inference, CPU) vs onnxruntime on the same export.
 
 Exports the configured classifier (ResNet50 at 224 by default; random weights are fine for
-speed) with ``--onnx``, loads ``deploy/python/infer.py`` by file path (deploy/ does not import
-ppdlx, and ppdlx does not import deploy/ as a package), builds its predictors and times the
-network call (input copy + run + output copy) with the cases interleaved batch by batch, so the
-load of other processes on this shared machine hits every case alike. Latency percentiles are
-true percentiles (numpy.percentile) of per-batch times, warm-up excluded.
+speed) with ``--onnx``, imports the deploy package ``ppdlx_deploy`` (deploy/ does not import
+ppdlx, and ppdlx does not depend on deploy/: it is found at run time, see
+:func:`find_deploy_dir`), builds its predictors and times the network call (input copy + run +
+output copy) with the cases interleaved batch by batch, so the load of other processes on this
+shared machine hits every case alike. Latency percentiles are true percentiles
+(numpy.percentile) of per-batch times, warm-up excluded.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import sys
 import time
+from typing import Optional
 
 from ppdlx.errors import ConfigError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEPLOY_INFER = os.path.join(ROOT, "deploy", "python", "infer.py")
+DEPLOY_PACKAGE = "ppdlx_deploy"
+DEPLOY_DIR_ENV = "PPDLX_DEPLOY_DIR"
+# deploy/python of the checkout this ppdlx was imported from (absent in an installed wheel).
+CHECKOUT_DEPLOY_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                   "deploy", "python")
 
 
-def load_deploy_module(path: str = DEPLOY_INFER):
-    """Import deploy/python/infer.py by file path (cached in sys.modules)."""
-    name = "ppdlx_deploy_infer"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
+def _package_dir_in(directory: str) -> Optional[str]:
+    """The ppdlx_deploy package under ``directory`` (deploy/python, or a checkout's deploy/)."""
+    for candidate in (os.path.join(directory, DEPLOY_PACKAGE), os.path.join(directory, "python", DEPLOY_PACKAGE)):
+        if os.path.isfile(os.path.join(candidate, "__init__.py")):
+            return candidate
+    return None
+
+
+def find_deploy_dir(deploy_dir: Optional[str] = None) -> Optional[str]:
+    """The folder of the ``ppdlx_deploy`` package to use: ``deploy_dir`` (``--deploy-dir``), else
+    ``$PPDLX_DEPLOY_DIR``, else this checkout's deploy/python; None when none is given and the
+    checkout has none, so that an installed ``ppdlx_deploy`` is used. A folder given but holding
+    no package is a one-line ConfigError."""
+    for given, origin in ((deploy_dir, "--deploy-dir"), (os.environ.get(DEPLOY_DIR_ENV), DEPLOY_DIR_ENV)):
+        if given:
+            package_dir = _package_dir_in(given)
+            if package_dir is None:
+                raise ConfigError(f"{origin}={given}: no {DEPLOY_PACKAGE}/ package there (expected "
+                                  f"{os.path.join(given, DEPLOY_PACKAGE, '__init__.py')}); point it at deploy/python "
+                                  f"of a ppdlx checkout")
+            return package_dir
+    return _package_dir_in(CHECKOUT_DEPLOY_DIR)
+
+
+def load_deploy_module(deploy_dir: Optional[str] = None):
+    """The deploy package ``ppdlx_deploy`` (its public API: load_meta, Pipeline, PaddlePredictor,
+    ...), imported from :func:`find_deploy_dir`'s folder or, without one, as installed. Cached in
+    sys.modules; asking for a second copy from another folder in the same process is refused."""
+    package_dir = find_deploy_dir(deploy_dir)
+    loaded = sys.modules.get(DEPLOY_PACKAGE)
+    if loaded is not None:
+        loaded_dir = os.path.dirname(os.path.abspath(loaded.__file__))
+        if package_dir is not None and os.path.realpath(loaded_dir) != os.path.realpath(package_dir):
+            raise ConfigError(f"{DEPLOY_PACKAGE} is already imported from {loaded_dir} in this process; "
+                              f"cannot also load {package_dir}")
+        return loaded
+    if package_dir is None:
+        if importlib.util.find_spec(DEPLOY_PACKAGE) is None:
+            raise ConfigError(f"the deploy package {DEPLOY_PACKAGE} was not found: not in {CHECKOUT_DEPLOY_DIR} "
+                              f"and not installed; pass --deploy-dir or set {DEPLOY_DIR_ENV} to deploy/python of "
+                              f"a ppdlx checkout")
+        return importlib.import_module(DEPLOY_PACKAGE)
+    spec = importlib.util.spec_from_file_location(DEPLOY_PACKAGE, os.path.join(package_dir, "__init__.py"),
+                                                  submodule_search_locations=[package_dir])
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+    sys.modules[DEPLOY_PACKAGE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        for name in [n for n in sys.modules if n == DEPLOY_PACKAGE or n.startswith(DEPLOY_PACKAGE + ".")]:
+            del sys.modules[name]
+        raise
     return module
 
 
@@ -50,6 +99,9 @@ def add_arguments(parser):
                         help="add Paddle Inference's OpenVINO engine case (needs --format program)")
     parser.add_argument("--untuned", action="store_true",
                         help="add the untuned Paddle predictor (default executor) to show what tuning buys")
+    parser.add_argument("--deploy-dir", help=f"folder holding the {DEPLOY_PACKAGE} package (default: "
+                                             f"${DEPLOY_DIR_ENV}, else deploy/python of this checkout, else the "
+                                             f"installed package)")
 
 
 def _ensure_export(cfg, model_dir: str, fmt: str, reexport: bool) -> dict:
@@ -71,6 +123,7 @@ def _ensure_export(cfg, model_dir: str, fmt: str, reexport: bool) -> dict:
 
 def run(args) -> dict:
     from ppdlx.config import flatten_overrides, load_config
+    D = load_deploy_module(args.deploy_dir)  # before the export: a missing deploy package is one line, at once
     overrides = list(flatten_overrides(args.override)) + [f"data.transforms.crop_size={args.resolution}",
                                                           f"data.transforms.resize_short={int(args.resolution * 8 / 7)}"]
     cfg = load_config(args.config, overrides)
@@ -80,7 +133,6 @@ def run(args) -> dict:
     model_dir = args.model_dir or os.path.join(cfg.global_cfg.output_dir, "bench_infer")
     export = _ensure_export(cfg, model_dir, args.format, args.reexport)
 
-    D = load_deploy_module()
     threads = args.threads or D.default_threads()
     meta = D.load_meta(model_dir)
     predictors = {"ppdlx paddle-cpu fp32": D.PaddlePredictor(model_dir, "paddle-cpu", "fp32", threads=threads,

@@ -15,7 +15,7 @@ from ppdlx.config import load_config
 from ppdlx.export import export_model
 
 D = load_deploy_module()
-T = D.T
+T = D.trt
 HAS_PIR_TRT = importlib.util.find_spec("paddle.tensorrt") is not None
 
 
@@ -118,16 +118,16 @@ def test_legacy_export_plan_uses_the_subgraph_engine(exports, tmp_path):
 def test_calibration_uses_the_serving_plan_and_gpu_id(exports, tmp_path):
     """Before: _calibrate built its predictor without --gpu-id (always GPU 0), --gpu-mem-mb or
     --trt-shapes, so the table could belong to other engines than the ones served."""
-    args = D.parse_args(["--model-dir", exports["program"], "--backend", "trt", "--precision", "int8",
-                         "--gpu-id", "3", "--gpu-mem-mb", "512", "--batch-size", "4",
-                         "--trt-cache-dir", str(tmp_path / "c"), "--calib-dir", str(tmp_path)])
+    args = D.cli.parse_args(["--model-dir", exports["program"], "--backend", "trt", "--precision", "int8",
+                             "--gpu-id", "3", "--gpu-mem-mb", "512", "--batch-size", "4",
+                             "--trt-cache-dir", str(tmp_path / "c"), "--calib-dir", str(tmp_path)])
     meta = D.load_meta(exports["program"])
-    plan = D.calibration_plan(args, meta)
+    plan = D.cli.calibration_plan(args, meta)
     assert _calls(plan, "enable_use_gpu")[0]["args"] == [512, 3]
     trt = _calls(plan, "enable_tensorrt_engine")[0]["kwargs"]
     assert trt["precision_mode"] == "Int8" and trt["use_calib_mode"] is True
     assert plan["calibration"] is True and plan["cache_dir"] == str(tmp_path / "c")
-    serving = D.build_plan(meta, D.model_files(exports["program"], meta), "trt", "int8", **D.plan_options(args))
+    serving = D.build_plan(meta, D.model_files(exports["program"], meta), "trt", "int8", **D.cli.plan_options(args))
     assert serving["calls"] == plan["calls"]
 
 

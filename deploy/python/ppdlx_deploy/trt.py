@@ -21,7 +21,8 @@ import json
 import os
 from typing import Dict, List, Optional, Sequence
 
-from ppdlx_deploy import DeployError, UnsupportedError, plan_call
+from .config_calls import plan_call
+from .errors import DeployError, UnsupportedError
 
 SUBGRAPH = "paddle-trt-subgraph"
 PIR_TRT = "pir-trt"

@@ -1,0 +1,156 @@
+"""Run an exported ppdlx model WITHOUT ppdlx (needs paddle, numpy, Pillow, PyYAML;
+onnxruntime for --backend onnxruntime).
+
+    python deploy/python/infer.py --model-dir DIR --input IMG_OR_DIR \
+        [--backend paddle-cpu|paddle-gpu|trt|onnxruntime] [--precision fp32|fp16|bf16|int8] \
+        [--batch-size N] [--threads N] [--topk K]
+    python deploy/python/infer.py --model-dir DIR --input DIR --benchmark \
+        --warmup 10 --repeats 100 --batch-sizes 1,8 [--report FILE]
+
+DIR is what tools/export_model.py wrote: inference.{json|pdmodel} + inference.pdiparams
+(+ inference.onnx) and inference.yml (pre-processing, I/O names, labels, TRT shape ranges).
+
+Backends: paddle-cpu (oneDNN, fp32 / bf16 on CPUs with avx512_bf16 or amx_bf16 / int8 for
+quantised models), paddle-gpu (CUDA, fp32 / fp16), trt (fp32 / fp16 / int8, engine cache, dynamic
+shape from inference.yml or collected on sample inputs; a legacy .pdmodel goes through the Paddle-TRT
+subgraph engine, a PIR .json through paddle.tensorrt: see ppdlx_deploy/trt.py), onnxruntime (CPU,
+fp32). Every plan, printed note and benchmark row names the engine that runs the network. A Paddle
+build without CUDA asked for paddle-gpu or trt, or a trt request that would not engage TensorRT,
+exits with one line (code 3).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .benchmark import benchmark, format_rows
+from .calibration import calibrate_trt
+from .errors import DeployError
+from .meta import load_meta, model_files
+from .pipeline import Pipeline
+from .plan import BACKENDS, PRECISIONS, build_plan, check_backend_available
+from .postprocess import draw_detections, postprocess
+from .predictors import create_predictor
+from .preprocess import Preprocessor, list_images
+from .trt import trt_calibration_tables
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--input", help="an image or a directory of images")
+    p.add_argument("--backend", choices=BACKENDS, default="paddle-cpu")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--threads", type=int, help="CPU threads (default: the cores this process may use)")
+    p.add_argument("--topk", type=int, default=5)
+    p.add_argument("--cpu-engine", choices=("onednn", "openvino"), default="onednn",
+                   help="paddle-cpu: oneDNN kernels, or Paddle Inference's OpenVINO engine (--format program exports)")
+    p.add_argument("--score-threshold", type=float, help="detection: draw boxes above this score")
+    p.add_argument("--output-dir", help="detection: write images with boxes here")
+    p.add_argument("--gpu-id", type=int, default=0)
+    p.add_argument("--gpu-mem-mb", type=int, default=256, help="initial GPU memory pool (MB)")
+    p.add_argument("--trt-cache-dir", help="TRT engine/optimisation cache (default: MODEL_DIR/_trt_cache)")
+    p.add_argument("--trt-shapes", choices=("yml", "collect"), default="yml",
+                   help="dynamic shape ranges from inference.yml, or collected by running the --input images")
+    p.add_argument("--trt-max-batch", type=int, help="override the max batch of the TRT shape range")
+    p.add_argument("--trt-workspace-bytes", type=int, help="TRT workspace in BYTES (default 1<<30)")
+    p.add_argument("--calib-dir", help="trt int8 (non-quantised model): calibration images")
+    p.add_argument("--calib-batches", type=int, default=32)
+    p.add_argument("--benchmark", action="store_true")
+    p.add_argument("--synthetic", action="store_true", help="benchmark on random inputs (no host pre-processing)")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=100)
+    p.add_argument("--batch-sizes", default=None, help="benchmark batch sizes, e.g. 1,8 (default --batch-size)")
+    p.add_argument("--report", help="benchmark: write JSON rows here")
+    return p.parse_args(argv)
+
+
+def plan_options(args) -> dict:
+    """The predictor options given on the command line (everything but backend and precision)."""
+    return dict(threads=args.threads, batch_size=args.batch_size, cpu_engine=args.cpu_engine, gpu_id=args.gpu_id,
+                gpu_mem_mb=args.gpu_mem_mb, cache_dir=args.trt_cache_dir, shape_source=args.trt_shapes,
+                trt_max_batch=args.trt_max_batch, workspace_bytes=args.trt_workspace_bytes)
+
+
+def calibration_plan(args, meta: dict) -> dict:
+    """The int8 TRT plan for the command line's model and options: the calibrating predictor uses
+    it, and the serving predictor's plan is the same, so the table matches the engines it serves."""
+    return build_plan(meta, model_files(args.model_dir, meta), "trt", "int8", **plan_options(args))
+
+
+def _write_report(path: str, model_dir: str, meta: dict, predictor, rows) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"model_dir": os.path.abspath(model_dir), "model": meta["model"],
+                   "engine": predictor.plan["engine"],
+                   "tensorrt_engines": predictor.plan.get("tensorrt_engines"),
+                   "notes": predictor.plan["notes"], "rows": rows}, f, indent=2)
+
+
+def _print_results(family: str, batch, images, results, output_dir) -> None:
+    for path, img, res in zip(batch, images, results):
+        if family == "classification":
+            print(f"{path}: " + ", ".join(f"{label} (id {c}) {p:.4f}" for c, label, p in res))
+        else:
+            print(f"{path}: {len(res)} detections" + "".join(
+                f"\n  {label} (id {c}) {s:.3f} [{', '.join(f'{v:.1f}' for v in box)}]" for box, s, c, label in res))
+            if output_dir:
+                os.makedirs(output_dir, exist_ok=True)
+                draw_detections(img, res, os.path.join(output_dir, os.path.basename(path)))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    meta = load_meta(args.model_dir)
+    check_backend_available(args.backend)
+    paths = list_images(args.input) if args.input else []
+    if not paths and not (args.benchmark and args.synthetic):
+        raise DeployError("--input is required (or --benchmark --synthetic)")
+    prep = Preprocessor(meta)
+    sample_feeds = None
+    if args.backend == "trt" and args.trt_shapes == "collect":
+        if not paths:
+            raise DeployError("--trt-shapes collect runs real inputs: give --input images")
+        sizes = sorted({1, args.batch_size, *(int(b) for b in (args.batch_sizes or "").split(",") if b)})
+        sample_feeds = [prep.feeds_from_files([paths[i % len(paths)] for i in range(bs)]) for bs in sizes]
+    if args.backend == "trt" and args.precision == "int8":
+        plan = calibration_plan(args, meta)
+        if plan["calibration"] and not trt_calibration_tables(plan["cache_dir"]):
+            if not args.calib_dir:
+                raise DeployError("--precision int8 on a non-quantised model needs --calib-dir IMAGES once "
+                                  f"(no calibration table in {plan['cache_dir']})")
+            calibrate_trt(args.model_dir, meta, plan, args.calib_dir, args.batch_size, args.calib_batches,
+                          sample_feeds)
+    predictor = create_predictor(args.model_dir, args.backend, args.precision, meta=meta, sample_feeds=sample_feeds,
+                                 **plan_options(args))
+    for note in predictor.plan["notes"]:
+        print(f"# {note}", file=sys.stderr)
+    if args.benchmark:
+        sizes = [int(b) for b in (args.batch_sizes or str(args.batch_size)).split(",") if b]
+        case = f"{args.backend}-{args.precision}"
+        rows = benchmark({case: predictor}, meta, paths, sizes, args.warmup, args.repeats, args.synthetic)
+        print(format_rows(rows))
+        if args.report:
+            _write_report(args.report, args.model_dir, meta, predictor, rows)
+        return 0
+    pipeline = Pipeline(meta, predictor, prep)
+    for index, (batch, images, outputs) in enumerate(pipeline.batches(paths, args.batch_size)):
+        results = postprocess(meta, outputs, args.topk, args.score_threshold)
+        if index == 0 and predictor.plan.get("tensorrt_engines"):
+            print(f"# engine {predictor.plan['engine']}: {predictor.plan['tensorrt_engines']} TensorRT engine(s)",
+                  file=sys.stderr)
+        _print_results(meta["model"]["family"], batch, images, results, args.output_dir)
+    return 0
+
+
+def run(argv=None) -> int:
+    """:func:`main` with a :class:`DeployError` printed as one line (``error: ...``) and returned
+    as its exit code (2 for input errors, 3 for what this build/machine cannot do)."""
+    try:
+        return main(argv)
+    except DeployError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code

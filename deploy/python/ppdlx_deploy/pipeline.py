@@ -1,0 +1,47 @@
+"""One export served from image files: ``inference.yml``, its pre-processing, a predictor and the
+post-processing, in the order a service runs them. The command line predicts through it; so can a
+check that compares the deployed model with the trained one, which then sees exactly what a
+user's service would (raw files in, the export's own pre-processing, the chosen backend)."""
+from __future__ import annotations
+
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+from PIL import Image
+
+from .meta import load_meta
+from .postprocess import postprocess
+from .predictors import create_predictor
+from .preprocess import Preprocessor, load_image
+
+
+class Pipeline:
+    def __init__(self, meta: dict, predictor, preprocessor: Optional[Preprocessor] = None):
+        self.meta = meta
+        self.predictor = predictor
+        self.preprocessor = preprocessor or Preprocessor(meta)
+
+    @classmethod
+    def open(cls, model_dir: str, backend: str = "paddle-cpu", precision: str = "fp32",
+             meta: Optional[dict] = None, **options) -> "Pipeline":
+        """``options``: those of :func:`ppdlx_deploy.predictors.create_predictor`."""
+        meta = meta or load_meta(model_dir)
+        return cls(meta, create_predictor(model_dir, backend, precision, meta=meta, **options))
+
+    def run(self, images: Sequence[Image.Image]) -> List[np.ndarray]:
+        """The network's outputs for a batch of RGB images."""
+        return self.predictor.run(self.preprocessor.feeds(images))
+
+    def batches(self, paths: Sequence[str], batch_size: int = 1
+                ) -> Iterator[Tuple[List[str], List[Image.Image], List[np.ndarray]]]:
+        """``(paths, images, outputs)`` per batch of files, in the order given."""
+        for start in range(0, len(paths), batch_size):
+            batch = list(paths[start:start + batch_size])
+            images = [load_image(p) for p in batch]
+            yield batch, images, self.run(images)
+
+    def predict(self, paths: Sequence[str], batch_size: int = 1, topk: int = 5,
+                score_threshold: Optional[float] = None) -> Iterator[Tuple[str, list]]:
+        """``(path, result)`` per file, the result as :func:`ppdlx_deploy.postprocess.postprocess` gives it."""
+        for batch, _, outputs in self.batches(paths, batch_size):
+            yield from zip(batch, postprocess(self.meta, outputs, topk, score_threshold))

@@ -1,0 +1,138 @@
+"""Predictors with one interface, ``run(feeds) -> [outputs]`` (host arrays in, host arrays out:
+the copies are part of the timed network call) and ``plan`` (what runs, with notes):
+Paddle Inference for paddle-cpu (oneDNN / OpenVINO), paddle-gpu and trt (the Paddle-TRT routes of
+:mod:`ppdlx_deploy.trt`), and onnxruntime on CPU."""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from . import trt as T
+from .config_calls import apply_plan
+from .errors import DeployError, UnsupportedError
+from .meta import load_meta, model_files
+from .plan import build_plan, check_backend_available, default_threads
+
+
+class _executor_flags:
+    """Temporarily set ``FLAGS_new_executor_serial_run`` (restored on exit)."""
+
+    def __init__(self, serial: bool):
+        self.serial = serial
+
+    def __enter__(self):
+        if self.serial:
+            import paddle
+            self.previous = paddle.get_flags(["FLAGS_new_executor_serial_run"])["FLAGS_new_executor_serial_run"]
+            paddle.set_flags({"FLAGS_new_executor_serial_run": True})
+        return self
+
+    def __exit__(self, *exc):
+        if self.serial:
+            import paddle
+            paddle.set_flags({"FLAGS_new_executor_serial_run": self.previous})
+        return False
+
+
+class PaddlePredictor:
+    """Paddle Inference predictor built from :func:`build_plan`. ``run(feeds) -> [outputs]``
+    (host arrays in, host arrays out: the copies are part of the timed network call)."""
+
+    def __init__(self, model_dir: str, backend: str = "paddle-cpu", precision: str = "fp32",
+                 threads: Optional[int] = None, batch_size: int = 1, meta: Optional[dict] = None,
+                 sample_feeds: Optional[List[Dict[str, np.ndarray]]] = None, tuned_cpu: bool = True,
+                 plan: Optional[dict] = None, **plan_kwargs):
+        """``plan``: a :func:`build_plan` result to use as is (backend/precision/kwargs then unused)."""
+        check_backend_available(plan["backend"] if plan else backend)
+        import paddle.inference as pi
+        self.meta = meta or load_meta(model_dir)
+        self.files = model_files(model_dir, self.meta)
+        self.plan = plan or build_plan(self.meta, self.files, backend, precision, threads=threads,
+                                       batch_size=batch_size, tuned_cpu=tuned_cpu, **plan_kwargs)
+        # The PIR executor otherwise schedules ops through a worker thread pool: on few (shared)
+        # cores that costs context switches for no parallelism (measured in
+        # ppdlx/benchmarks/infer.py). The flag is read when the executor is built (creation and
+        # first run), so it is set around those only and other predictors keep their own mode.
+        self._serial_run = self.plan["backend"] == "paddle-cpu" and tuned_cpu and self.files["format"] == "pir"
+        self._built = False
+        if self.plan["pir_trt"]:
+            self.plan["tensorrt_engines"] = T.convert_pir_trt(self.plan["pir_trt"], sample_feeds)
+        if self.plan["collect_calls"]:
+            self._collect_shapes(pi, sample_feeds)
+        config = pi.Config(self.plan["model_file"], self.plan["params_file"])
+        apply_plan(config, self.plan["calls"])
+        config.disable_glog_info()
+        self.config = config
+        with _executor_flags(self._serial_run):
+            self.predictor = pi.create_predictor(config)
+        self.input_names = list(self.predictor.get_input_names())
+        self.output_names = list(self.predictor.get_output_names())
+        self._inputs = {n: self.predictor.get_input_handle(n) for n in self.input_names}
+        self._outputs = [self.predictor.get_output_handle(n) for n in self.output_names]
+
+    def _collect_shapes(self, pi, sample_feeds):
+        if not sample_feeds:
+            raise DeployError("--trt-shapes collect needs sample inputs (--input images)")
+        shape_file = self.plan["shape_file"]
+        os.makedirs(os.path.dirname(os.path.abspath(shape_file)), exist_ok=True)
+        config = pi.Config(self.plan["model_file"], self.plan["params_file"])
+        apply_plan(config, self.plan["collect_calls"])
+        predictor = pi.create_predictor(config)
+        for feeds in sample_feeds:
+            for name in predictor.get_input_names():
+                h = predictor.get_input_handle(name)
+                h.reshape(list(feeds[name].shape))
+                h.copy_from_cpu(np.ascontiguousarray(feeds[name]))
+            predictor.run()
+        del predictor  # the shape file is written when the collecting predictor is destroyed
+
+    def run(self, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
+        for name, handle in self._inputs.items():
+            array = feeds[name]
+            handle.reshape(list(array.shape))
+            handle.copy_from_cpu(array)
+        if self._built:
+            self.predictor.run()
+        else:
+            with _executor_flags(self._serial_run):
+                self.predictor.run()
+            self._built = True
+            if self.plan["engine"] == T.SUBGRAPH:  # the subgraph pass has built (or loaded) its engines by now
+                self.plan["tensorrt_engines"] = T.subgraph_engine_count(self.plan)
+        return [h.copy_to_cpu() for h in self._outputs]
+
+
+class OnnxPredictor:
+    def __init__(self, model_dir: str, threads: Optional[int] = None, meta: Optional[dict] = None,
+                 onnx_file: Optional[str] = None):
+        check_backend_available("onnxruntime")
+        import onnxruntime as ort
+        self.meta = meta or load_meta(model_dir)
+        onnx_file = onnx_file or os.path.join(model_dir, self.meta["model"].get("onnx_file") or "inference.onnx")
+        if not os.path.isfile(onnx_file):
+            raise DeployError(f"{onnx_file}: not found (export with tools/export_model.py --onnx)")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = int(threads or default_threads())
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(onnx_file, options, providers=["CPUExecutionProvider"])
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.plan = {"backend": "onnxruntime", "engine": "onnxruntime", "precision": "fp32",
+                     "threads": options.intra_op_num_threads,
+                     "notes": [f"onnxruntime {ort.__version__} CPUExecutionProvider, ORT_ENABLE_ALL, "
+                               f"{options.intra_op_num_threads} intra-op thread(s)"]}
+
+    def run(self, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
+        return self.session.run(None, {n: feeds[n] for n in self.input_names})
+
+
+def create_predictor(model_dir: str, backend: str, precision: str = "fp32", **kwargs):
+    if backend == "onnxruntime":
+        if precision != "fp32":
+            raise UnsupportedError(f"--backend onnxruntime --precision {precision}: only fp32 is offered here")
+        return OnnxPredictor(model_dir, threads=kwargs.get("threads"), meta=kwargs.get("meta"))
+    return PaddlePredictor(model_dir, backend, precision, **kwargs)
