@@ -35,7 +35,6 @@ sharding (the file order of every epoch comes from ``TrainBatchSampler`` /
 """
 from __future__ import annotations
 
-import logging
 import math
 import os
 
@@ -47,10 +46,8 @@ import paddle
 
 from ppdlx.data.dali_handover import check_device, dali_device_id, to_paddle
 from ppdlx.data.image_folder import scan_image_folder
-from ppdlx.data.samplers import EvalBatchSampler, TrainBatchSampler
-from ppdlx.errors import ConfigError, DataError, UnsupportedError
-
-log = logging.getLogger("ppdlx.data")
+from ppdlx.data.loader_common import report_unreadable, split_batch_sampler
+from ppdlx.errors import DataError, UnsupportedError
 
 _INTERP = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
 _DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16}
@@ -164,14 +161,8 @@ class DaliLoader:
         self.files = [path for path, _ in samples]
         self.labels = [label for _, label in samples]
         self.seed = cfg.global_.seed
-        if self.training:
-            self.sampler = TrainBatchSampler(len(samples), self.batch_size, rank, world_size, seed=self.seed,
-                                             shuffle=self.transforms.random)
-            if len(self.sampler) == 0:
-                raise ConfigError(f"data.batch_size={self.batch_size}: larger than the {len(samples)} training "
-                                  f"images per rank ({self.split_dir}); lower data.batch_size")
-        else:
-            self.sampler = EvalBatchSampler(len(samples), self.batch_size, rank, world_size)
+        self.sampler = split_batch_sampler(self.training, len(samples), self.batch_size, rank, world_size, self.seed,
+                                           shuffle=self.transforms.random, source=self.split_dir)
         self.epoch = 0
         self.skipped_files: list = []
         self._bad: set = set()
@@ -276,10 +267,7 @@ class DaliLoader:
         index_of = {self.files[i]: i for i in candidates}
         for path, reason in bad:
             self._bad.add(index_of[path])
-            if path not in self.skipped_files:
-                self.skipped_files.append(path)
-                log.warning("skipping unreadable image %s (%s; %d skipped so far)", path, reason,
-                            len(self.skipped_files))
+            report_unreadable(self.skipped_files, path, reason)
         return self._top_up(order[:position] + [i for i in order[position:] if i not in self._bad])
 
 

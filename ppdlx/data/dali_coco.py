@@ -1,7 +1,7 @@
 """NVIDIA DALI COCO detection pipeline (``data.dataset: coco``, ``data.backend: dali``), CPU and GPU.
 
 Same output contract, sample order, sharding and augmentations as the paddle.io path
-(``ppdlx.data.coco``): ``(images [N,3,S,S] float32, gt_boxes [N,max,4] yxyx, gt_classes [N,max]
+(``ppdlx.data.coco_dataset``): ``(images [N,3,S,S] float32, gt_boxes [N,max,4] yxyx, gt_classes [N,max]
 int64 (-1 pad), image_ids [N] int64, image_scales [N] float32)``.
 
 * Annotations are validated by ``CocoIndex`` (same report / ``data.coco.invalid`` switch as
@@ -16,11 +16,12 @@ int64 (-1 pad), image_ids [N] int64, image_scales [N] float32)``.
 * Graph: ``peek_image_shape`` -> decode (``cpu``, or ``mixed`` nvJPEG on GPU) -> train:
   ``random.coin_flip`` + ``flip`` of the image and ``bb_flip`` of the boxes (bbox-aware flip),
   scale factor ``r ~ U(scale_range)``, integer scaled size and crop offset computed exactly as
-  ``coco.train_window``; eval: longer side to S (``coco.eval_size``) -> ``resize`` of only the
-  window that survives the crop (``roi_start``/``roi_end``) -> ``crop_mirror_normalize`` with
+  ``coco_geometry.train_window``; eval: longer side to S (``coco_geometry.eval_size``) -> ``resize`` of
+  only the window that survives the crop (``roi_start``/``roi_end``) -> ``crop_mirror_normalize`` with
   mean/std, CHW/HWC, padded bottom/right with 0 (after normalisation) to S x S.
   Boxes leave the pipeline normalised (plus the per-sample scaled size / offset); the host scales,
-  shifts, clips, drops empty boxes and pads to ``max_instances`` (``coco.transform_boxes``/``pad_targets``).
+  shifts, clips, drops empty boxes and pads to ``max_instances`` (``coco_geometry.transform_boxes`` /
+  ``pad_targets``).
 * Hand-over: both devices run the pipeline directly; images go through
   ``dali_handover.to_paddle`` (zero-copy DLPack, on paddle's current stream for GPU buffers) to
   paddle's device, the small box/id/scale outputs are always CPU and are read as numpy. Only the
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import logging
 import math
 import os
 import shutil
@@ -44,12 +44,11 @@ import nvidia.dali.types as types
 import numpy as np
 import paddle
 
-from ppdlx.data.coco import CocoIndex, coco_paths, pad_targets
+from ppdlx.data.coco_geometry import pad_targets, transform_boxes
+from ppdlx.data.coco_index import CocoIndex, coco_paths
 from ppdlx.data.dali_handover import check_device, dali_device_id, to_paddle
-from ppdlx.data.samplers import EvalBatchSampler, TrainBatchSampler
-from ppdlx.errors import ConfigError, DataError
-
-log = logging.getLogger("ppdlx.data")
+from ppdlx.data.loader_common import split_batch_sampler
+from ppdlx.errors import DataError
 
 _INTERP = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
 
@@ -127,15 +126,8 @@ class DaliCocoLoader:
         atexit.register(shutil.rmtree, self._tmp, True)
         self.reader_json = os.path.join(self._tmp, f"{split}.json")
         write_reader_json(self.index, self.reader_json)
-        n = len(self.index.records)
-        if self.training:
-            self.sampler = TrainBatchSampler(n, self.batch_size, rank, world_size, seed=self.seed,
-                                             shuffle=self.transforms.random)
-            if len(self.sampler) == 0:
-                raise ConfigError(f"data.batch_size={self.batch_size}: larger than the {n} training images per "
-                                  f"rank ({json_path}); lower data.batch_size")
-        else:
-            self.sampler = EvalBatchSampler(n, self.batch_size, rank, world_size)
+        self.sampler = split_batch_sampler(self.training, len(self.index.records), self.batch_size, rank, world_size,
+                                           self.seed, shuffle=self.transforms.random, source=json_path)
         self.epoch = 0
         self.skipped_files: list = []
         self._pipe = None
@@ -201,9 +193,7 @@ class DaliCocoLoader:
             sw, sh, ox, oy = (float(v) for v in params[i][:4])
             b = np.asarray(bboxes.at(i), np.float32).reshape(-1, 4)
             lab = np.asarray(labels.at(i)).reshape(-1)
-            b = b * np.asarray([sw, sh, sw, sh], np.float32) - np.asarray([ox, oy, ox, oy], np.float32)
-            b = np.clip(b, 0.0, float(s))
-            keep = ((b[:, 2] - b[:, 0]) > 0) & ((b[:, 3] - b[:, 1]) > 0)
+            b, keep = transform_boxes(b, sw, sh, ox, oy, s)  # ratio=True boxes: the scaled size is the factor
             cls = np.asarray([self.label_of.get(int(v), -1) for v in lab], np.int64)
             keep &= cls >= 0
             boxes_out[i], classes_out[i] = pad_targets(b[keep], cls[keep], m)

@@ -1,34 +1,16 @@
 """Build the classification input pipeline for a split from the ``data`` config."""
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import paddle
 
 from ppdlx.data.image_folder import ImageFolder
-from ppdlx.data.samplers import EvalBatchSampler, TrainBatchSampler
+from ppdlx.data.loader_common import PaddleIOLoader, dali_required, split_batch_sampler
 from ppdlx.data.transforms import EvalTransform, TrainTransform
-from ppdlx.errors import ConfigError
-
-log = logging.getLogger("ppdlx.data")
-
-
-class _PaddleDataset(paddle.io.Dataset):
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def __len__(self):
-        return len(self.inner)
-
-    def __getitem__(self, index):
-        return self.inner[index]
 
 
 def _collate(batch):
     good = [(img, label) for img, label, _ in batch if img is not None]
-    # -1 = decoded fine; a fixed length because paddle cannot pass empty arrays between workers
     skipped = np.asarray([index if img is None else -1 for img, _, index in batch], dtype=np.int64)
     if not good:
         return np.zeros((1,), np.float32), np.full((1,), -1, np.int64), skipped
@@ -37,39 +19,14 @@ def _collate(batch):
     return images, labels, skipped
 
 
-class ImageFolderLoader:
+class ImageFolderLoader(PaddleIOLoader):
     """Yields ``(images, labels)`` paddle tensors; reports unreadable files once each."""
 
     def __init__(self, dataset: ImageFolder, batch_sampler, workers: int):
-        self.dataset = dataset
-        self.batch_sampler = batch_sampler
-        self.workers = workers
-        self.skipped_files: list = []
-        self._loader = paddle.io.DataLoader(_PaddleDataset(dataset), batch_sampler=batch_sampler,
-                                            collate_fn=_collate, num_workers=workers, return_list=True,
-                                            use_shared_memory=workers > 0)
+        super().__init__(dataset, batch_sampler, workers, _collate)
 
-    @property
-    def num_images(self):
-        return len(self.dataset)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.dataset.set_epoch(epoch)
-        self.batch_sampler.set_epoch(epoch)
-
-    def __len__(self):
-        return len(self.batch_sampler)
-
-    def __iter__(self):
-        for images, labels, skipped in self._loader:
-            for index in [i for i in np.asarray(skipped).reshape(-1).tolist() if i >= 0]:
-                path = self.dataset.samples[index][0]
-                if path not in self.skipped_files:
-                    self.skipped_files.append(path)
-                    log.warning("skipping unreadable image %s (%d skipped so far)", path, len(self.skipped_files))
-            if images.ndim == 1:  # every image of the batch was unreadable
-                continue
-            yield images, labels
+    def path_of(self, index: int) -> str:
+        return self.dataset.samples[index][0]
 
 
 class SyntheticLoader:
@@ -104,21 +61,13 @@ def build_classification_loader(cfg, split: str, rank: int = 0, world_size: int 
         return SyntheticLoader(batch_size, data.synthetic.num_images, num_classes or cfg.model.num_classes,
                                data.transforms.crop_size, fmt, cfg.global_.seed + rank)
     if data.backend == "dali":
-        try:
+        with dali_required():
             from ppdlx.data import dali as dali_backend
-        except ImportError as err:
-            raise ConfigError(f"data.backend=dali: NVIDIA DALI is not installed ({err}); "
-                              f"pip install 'ppdlx[dali]' or set data.backend=paddle") from None
         return dali_backend.build_dali_loader(cfg, split, rank, world_size, batch_size=batch_size, classes=classes)
     training = split == "train"
     transform = TrainTransform(data.transforms, fmt) if training else EvalTransform(data.transforms, fmt)
     dataset = ImageFolder(data.root, data.train_split if training else data.val_split, transform,
                           seed=cfg.global_.seed, classes=classes)
-    if training:
-        sampler = TrainBatchSampler(len(dataset), batch_size, rank, world_size, seed=cfg.global_.seed)
-        if len(sampler) == 0:
-            raise ConfigError(f"data.batch_size={batch_size}: larger than the {len(dataset)} training images "
-                              f"per rank ({dataset.split_dir}); lower data.batch_size")
-    else:
-        sampler = EvalBatchSampler(len(dataset), batch_size, rank, world_size)
+    sampler = split_batch_sampler(training, len(dataset), batch_size, rank, world_size, cfg.global_.seed,
+                                  shuffle=True, source=dataset.split_dir)
     return ImageFolderLoader(dataset, sampler, data.workers)

@@ -8,21 +8,15 @@ import os
 import time
 from typing import List, Optional, Sequence
 
+import ppdlx.export.meta as M
 from ppdlx.errors import ConfigError, UnsupportedError
-from ppdlx.export import meta as M
-from ppdlx.export.files import ModelFiles
+from ppdlx.export.families import export_graph, legacy_export_spec
 from ppdlx.export.onnx_export import OnnxRunner, check_close, export_onnx
-from ppdlx.export.paddle_export import (DETECTION_ROLES, INPUT_NAME, SCALE_NAME, ClassifierForExport,
-                                        DetectorForExport, PaddleInferenceRunner, image_shape, random_feeds,
-                                        run_dynamic, save_classifier, save_detector)
+from ppdlx.export.paddle_export import PaddleInferenceRunner, random_feeds, run_dynamic
 
 log = logging.getLogger("ppdlx")
 
 ONNX_FILE = "inference.onnx"
-
-
-def is_detection(model) -> bool:
-    return hasattr(model, "anchor_args") and hasattr(model, "image_size")
 
 
 def read_labels(path: str, num_classes: int) -> List[str]:
@@ -44,31 +38,26 @@ def labels_from_data(cfg) -> Optional[List[str]]:
     return names if len(names) == cfg.model.num_classes else None
 
 
-def _io_specs(family: str, data_format: str, height: int, width: int, runner: PaddleInferenceRunner,
-              output: str) -> tuple:
-    inputs = [{"name": INPUT_NAME, "shape": image_shape(data_format, height, width), "dtype": "float32",
-               "layout": data_format, "role": "image"}]
-    if family == "detection":
-        inputs.append({"name": SCALE_NAME, "shape": [-1], "dtype": "float32", "layout": "N", "role": "scale"})
-        roles = list(DETECTION_ROLES)
-    else:
-        roles = [output]
+def _program_outputs(runner: PaddleInferenceRunner, inputs: Sequence[dict], roles: Sequence[str]) -> List[dict]:
+    """The saved program's outputs with their roles, after checking its inputs and output count."""
     if runner.input_names != [i["name"] for i in inputs]:
         raise ConfigError(f"exported program inputs {runner.input_names} differ from the expected "
                           f"{[i['name'] for i in inputs]}")
     if len(runner.output_names) != len(roles):
-        raise ConfigError(f"exported program has {len(runner.output_names)} outputs, expected {len(roles)} ({roles})")
-    outputs = [{"name": n, "role": r} for n, r in zip(runner.output_names, roles)]
-    return inputs, outputs
+        raise ConfigError(f"exported program has {len(runner.output_names)} outputs, expected {len(roles)} "
+                          f"({list(roles)})")
+    return [{"name": n, "role": r} for n, r in zip(runner.output_names, roles)]
 
 
 def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] = None, onnx: Optional[bool] = None,
                  labels: Optional[Sequence[str]] = None, fmt: str = "pir", model=None, check: bool = True,
                  check_batch_sizes: Sequence[int] = (1, 2), atol: float = 1e-4, rtol: float = 1e-4,
                  trt_opt_batch: Optional[int] = None, trt_max_batch: Optional[int] = None,
-                 threads: int = 1) -> dict:
+                 threads: int = 1, export_spec: Optional[dict] = None) -> dict:
     """Export ``cfg.model`` to ``output_dir`` (default ``cfg.export.output_dir`` or
     ``<global.output_dir>/inference``). ``model`` overrides building from the config (tests).
+    ``export_spec`` (see :mod:`ppdlx.export.families`) says what the model is and how it is fed and
+    read; without one it is derived from the model (``legacy_export_spec``).
 
     Returns a report: files, I/O, max abs diffs (Paddle Inference and ONNX vs dynamic).
     """
@@ -80,8 +69,6 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     onnx = cfg.export.onnx if onnx is None else onnx
     weights = weights if weights is not None else cfg.model.weights
     if model is None:
-        if cfg.model.name.startswith("efficientdet"):
-            import ppdlx.models.efficientdet  # noqa: F401  (registers the detection family)
         seed_everything(cfg.global_cfg.seed)  # random-init exports (benchmarks) are reproducible
         model = build_model(cfg)
         if weights:
@@ -96,39 +83,16 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
         raise UnsupportedError("--onnx: paddle2onnx cannot convert NHWC convolutions; export the same weights "
                                "with model.data_format=NCHW for ONNX (Paddle Inference/TRT take the NHWC export)")
     num_classes = int(getattr(model, "num_classes", cfg.model.num_classes))
-    t = cfg.data.transforms
-
-    if is_detection(model):
-        family = "detection"
-        from ppdlx.models.detection.det_postprocess import EfficientDetPostProcess
-        post = EfficientDetPostProcess.from_model(model)
-        size = int(model.image_size)
-        files = save_detector(model, post, output_dir, size, data_format, fmt)
-        layer = DetectorForExport(model, post)
-        height = width = size
-        preprocess = {"type": "resize_long_pad", "size": size, "interpolation": t.interpolation,
-                      "mean": [float(v) for v in t.mean], "std": [float(v) for v in t.std],
-                      "pad_value": 0.0, "color": "RGB"}
-        postprocess = {"type": "detections", "box_format": "xyxy", "coords": "original",
-                       "score_threshold": 0.4, "max_detections": int(post.max_detections),
-                       "nms_iou_threshold": float(post.iou_threshold)}
-        trt_defaults = dict(opt_batch=8, max_batch=32)
-    else:
-        family = "classification"
-        height = width = int(t.crop_size)
-        files = save_classifier(model, output_dir, height, width, data_format, cfg.export.output, fmt)
-        layer = ClassifierForExport(model, cfg.export.output)
-        preprocess = M.classification_preprocess(t)
-        postprocess = {"type": "topk", "output": cfg.export.output, "topk": min(5, num_classes)}
-        trt_defaults = dict(opt_batch=32, max_batch=256)
-
+    spec = export_spec if export_spec is not None else legacy_export_spec(cfg, model)
+    graph = export_graph(model, spec, output_dir, data_format, fmt)
+    files, inputs = graph.files, graph.inputs
     runner = PaddleInferenceRunner(files, threads=threads)
-    inputs, outputs = _io_specs(family, data_format, height, width, runner, cfg.export.output)
-    opt_batch = trt_opt_batch or trt_defaults["opt_batch"]
-    max_batch = max(trt_max_batch or trt_defaults["max_batch"], opt_batch)
+    outputs = _program_outputs(runner, inputs, graph.output_roles)
+    opt_batch = trt_opt_batch or spec["trt_batches"]["opt_batch"]
+    max_batch = max(trt_max_batch or spec["trt_batches"]["max_batch"], opt_batch)
     tensorrt = M.trt_suggestion(inputs, 1, opt_batch, max_batch)
 
-    report = {"model_dir": os.path.abspath(output_dir), "family": family, "name": cfg.model.name,
+    report = {"model_dir": os.path.abspath(output_dir), "family": spec["family"], "name": cfg.model.name,
               "format": files.format, "model_file": files.model_file, "params_file": files.params_file,
               "inputs": inputs, "outputs": outputs, "checks": {}}
     onnx_runner = None
@@ -140,7 +104,7 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     if check or onnx:
         for bs in check_batch_sizes:
             feeds = random_feeds(inputs, bs)
-            reference = run_dynamic(layer, inputs, feeds)
+            reference = run_dynamic(graph.layer, inputs, feeds)
             if check:
                 diff = check_close(f"Paddle Inference ({files.format}) vs dynamic, batch {bs}", reference,
                                    runner.run(feeds), atol, rtol)
@@ -149,9 +113,9 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
                 diff = check_close(f"onnxruntime vs dynamic, batch {bs}", reference, onnx_runner.run(feeds),
                                    atol, rtol)
                 report["checks"][f"onnxruntime_bs{bs}_max_abs_diff"] = diff
-    meta = M.build_meta(family=family, name=cfg.model.name, num_classes=num_classes, data_format=data_format,
-                        files=files, inputs=inputs, outputs=outputs, preprocess=preprocess,
-                        postprocess=postprocess, labels=labels, tensorrt=tensorrt,
+    meta = M.build_meta(family=spec["family"], name=cfg.model.name, num_classes=num_classes, data_format=data_format,
+                        files=files, inputs=inputs, outputs=outputs, preprocess=spec["preprocess"],
+                        postprocess=graph.postprocess, labels=labels, tensorrt=tensorrt,
                         onnx_file=os.path.basename(onnx_file) if onnx_file else None,
                         extra={"export_check": report["checks"]} if report["checks"] else None)
     report["meta_file"] = M.write_meta(output_dir, meta)
@@ -159,4 +123,4 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     return report
 
 
-__all__ = ["export_model", "read_labels", "labels_from_data", "is_detection", "ModelFiles"]
+__all__ = ["export_model", "read_labels", "labels_from_data"]

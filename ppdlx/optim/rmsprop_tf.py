@@ -25,6 +25,7 @@ from __future__ import annotations
 import paddle
 from paddle.base import framework
 
+from ppdlx.optim.optimizers import grad_clip
 from ppdlx.registry import OPTIMIZERS
 
 
@@ -61,7 +62,6 @@ class RMSpropTF(paddle.optimizer.RMSProp):
 def rmsprop_tf(lr, groups, cfg, multi_precision=False):
     """``optimizer.rho`` (timm ``alpha``, 0.9), ``optimizer.epsilon`` (1e-3 for GPUNet),
     ``optimizer.momentum`` (0.9 in the recipe), ``optimizer.weight_decay`` (L2, coupled)."""
-    from ppdlx.optim import _grad_clip
     o = cfg.optimizer
     return RMSpropTF(learning_rate=lr, rho=o.rho, epsilon=o.epsilon, momentum=o.momentum, parameters=groups,
-                     weight_decay=o.weight_decay, grad_clip=_grad_clip(cfg), multi_precision=multi_precision)
+                     weight_decay=o.weight_decay, grad_clip=grad_clip(cfg), multi_precision=multi_precision)

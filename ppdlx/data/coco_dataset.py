@@ -1,0 +1,159 @@
+"""COCO detection samples and batches through paddle.io (``data.dataset: coco``, ``data.backend: paddle``).
+
+Transforms (numpy/PIL; randomness from ``(seed, epoch, index)`` as the classification path): on
+top of the shared window geometry (``coco_geometry``), training flips horizontally with
+probability ``hflip``, leaves crowd boxes out (``skip_crowd``) and keeps at most
+``max_instances`` boxes. Images are normalised once here ((x - mean) / std with
+``data.transforms.mean/std``, 0..255 scale); padding is 0 after normalisation (the mean colour).
+The model does not normalise again.
+
+A sample is ``(image [3,S,S] float32, gt_boxes [max_instances,4] float32 yxyx in network-input
+pixels, gt_classes [max_instances] int64 (-1 padding), image_id, image_scale)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+from ppdlx.data.coco_geometry import eval_size, pad_targets, train_window, transform_boxes
+from ppdlx.data.coco_index import CocoIndex, coco_paths
+from ppdlx.data.image_folder import sample_rng
+from ppdlx.data.loader_common import PaddleIOLoader
+from ppdlx.registry import DATASETS
+
+_INTERP = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
+
+
+@DATASETS.register("coco")
+class CocoDetection:
+    """Map-style dataset; ``dataset[i]`` -> ``(image, gt_boxes, gt_classes, image_id, image_scale, i)``
+    (image None when the file cannot be decoded: the loader reports and drops it)."""
+
+    def __init__(self, json_path, image_dir, image_size=512, training=False, mean=(123.675, 116.28, 103.53),
+                 std=(58.395, 57.12, 57.375), hflip=0.5, scale_range=(0.1, 2.0), max_instances=100,
+                 skip_crowd=True, invalid="skip", random=True, interpolation="bilinear", data_format="NCHW",
+                 seed=0, cat_ids=None, index: CocoIndex | None = None):
+        self.index = index or CocoIndex(json_path, image_dir, invalid, cat_ids)
+        self.size = int(image_size)
+        self.training, self.random = training, random
+        self.mean = np.asarray(mean, np.float32)
+        self.std = np.asarray(std, np.float32)
+        self.hflip, self.scale_range = hflip, tuple(scale_range)
+        self.max_instances, self.skip_crowd = max_instances, skip_crowd
+        self.interp = _INTERP[interpolation]
+        self.data_format = data_format
+        self.seed, self.epoch = seed, 0
+
+    # metadata
+    @property
+    def records(self):
+        return self.index.records
+
+    @property
+    def classes(self):
+        return self.index.class_names
+
+    @property
+    def cat_ids(self):
+        return self.index.cat_ids
+
+    @property
+    def coco_gt(self):
+        return self.index.coco_gt
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self):
+        return len(self.index.records)
+
+    def __getitem__(self, index):
+        rec = self.index.records[index]
+        try:
+            with Image.open(rec["path"]) as img:
+                img = img.convert("RGB")
+        except (OSError, ValueError, SyntaxError):
+            return None, None, None, rec["id"], 1.0, index
+        image, boxes, labels, image_scale = self.transform(img, rec, sample_rng(self.seed, self.epoch, index))
+        gt_boxes, gt_classes = pad_targets(boxes, labels, self.max_instances)
+        return image, gt_boxes, gt_classes, rec["id"], np.float32(image_scale), index
+
+    def transform(self, img, rec, rng):
+        """PIL image + record -> (normalised padded image, boxes xyxy, labels, image_scale)."""
+        boxes, labels = rec["boxes"], rec["labels"]
+        if self.training and self.skip_crowd:
+            boxes, labels = boxes[~rec["crowd"]], labels[~rec["crowd"]]
+        width, height = img.size
+        size = self.size
+        if self.training and self.random:
+            if self.hflip > 0 and rng.uniform() < self.hflip:
+                img = img.transpose(Image.FLIP_LEFT_RIGHT)
+                boxes = np.stack([width - boxes[:, 2], boxes[:, 1], width - boxes[:, 0], boxes[:, 3]], 1) \
+                    if len(boxes) else boxes
+            sw, sh, ox, oy = train_window(width, height, size, self.scale_range, rng)
+            image_scale = width / sw  # approximately; only eval uses it
+        else:
+            sw, sh, image_scale = eval_size(width, height, size)
+            ox = oy = 0
+        fx, fy = sw / width, sh / height
+        cw, ch = min(size, sw - ox), min(size, sh - oy)
+        # Resize only the window that survives the crop (same pixels as resize-then-crop).
+        region = (ox / fx, oy / fy, (ox + cw) / fx, (oy + ch) / fy)
+        crop = img.resize((cw, ch), self.interp, box=region)
+        arr = (np.asarray(crop, np.float32) - self.mean) / self.std
+        out = np.zeros((size, size, 3), np.float32)
+        out[:ch, :cw] = arr
+        if self.data_format == "NCHW":
+            out = out.transpose(2, 0, 1)
+        boxes, keep = transform_boxes(boxes.reshape(-1, 4), fx, fy, ox, oy, size)
+        return np.ascontiguousarray(out), boxes[keep], labels[keep], image_scale
+
+
+
+def _collate(batch):
+    good = [s for s in batch if s[0] is not None]
+    skipped = np.asarray([s[5] if s[0] is None else -1 for s in batch], dtype=np.int64)
+    if not good:
+        return (np.zeros((1,), np.float32), np.zeros((1, 1, 4), np.float32), np.full((1, 1), -1, np.int64),
+                np.full((1,), -1, np.int64), np.ones((1,), np.float32), skipped)
+    return (np.stack([s[0] for s in good]), np.stack([s[1] for s in good]), np.stack([s[2] for s in good]),
+            np.asarray([s[3] for s in good], np.int64), np.asarray([s[4] for s in good], np.float32), skipped)
+
+
+class CocoLoader(PaddleIOLoader):
+    """Yields ``(images, gt_boxes, gt_classes, image_ids, image_scales)`` paddle tensors:
+    ``[N,3,S,S]`` float32, ``[N,max,4]`` yxyx float32, ``[N,max]`` int64 (-1 pad), ``[N]`` int64,
+    ``[N]`` float32 (original / resized). Undecodable images are reported once and dropped."""
+
+    def __init__(self, dataset: CocoDetection, batch_sampler, workers: int):
+        super().__init__(dataset, batch_sampler, workers, _collate)
+
+    def path_of(self, index: int) -> str:
+        return self.dataset.records[index]["path"]
+
+    @property
+    def classes(self):
+        return self.dataset.classes
+
+    @property
+    def cat_ids(self):
+        return self.dataset.cat_ids
+
+    @property
+    def coco_gt(self):
+        return self.dataset.coco_gt
+
+    @property
+    def image_size(self):
+        return self.dataset.size
+
+
+def build_coco_dataset(cfg, split: str, cat_ids=None) -> CocoDetection:
+    c, t = cfg.data.coco, cfg.data.transforms
+    json_path, image_dir = coco_paths(cfg, split)
+    return CocoDetection(json_path, image_dir, image_size=c.image_size, training=split == "train", mean=t.mean,
+                         std=t.std, hflip=t.hflip, scale_range=c.scale_range, max_instances=c.max_instances,
+                         skip_crowd=c.skip_crowd, invalid=c.invalid, random=t.random, interpolation=t.interpolation,
+                         data_format=cfg.model.data_format, seed=cfg.global_.seed, cat_ids=cat_ids)
+
+

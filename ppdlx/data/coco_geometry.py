@@ -1,0 +1,54 @@
+"""The detection geometry both COCO loaders share (the reference's automl ``InputProcessor``).
+
+* train (``data.transforms.random``): scale jitter ``r ~ U(scale_range)``; the image is resized
+  to fit ``r * S`` (``image_scale = min(rS/h, rS/w)``), a random ``S x S`` window of it is taken
+  (offset uniform over the part larger than S) and the rest padded bottom/right.
+* eval (and train with ``random: false``): resize so the longer side is S, keep the aspect
+  ratio, pad bottom/right; ``image_scale = original / resized`` (what post-processing wants).
+
+Boxes follow the image (scaled, shifted, clipped to the window, dropped when empty) and are
+padded to a fixed ``max_instances`` as yxyx with class -1.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def train_window(width, height, size, scale_range, rng):
+    """The reference's random scale + crop: ``(scaled_w, scaled_h, offset_x, offset_y)`` (ints)."""
+    r = rng.uniform(scale_range[0], scale_range[1])
+    target = int(r * size)
+    scale = min(target / height, target / width)
+    sw, sh = max(1, int(width * scale)), max(1, int(height * scale))
+    ox = int(max(0, sw - size) * rng.uniform(0.0, 1.0))
+    oy = int(max(0, sh - size) * rng.uniform(0.0, 1.0))
+    return sw, sh, ox, oy
+
+
+def eval_size(width, height, size):
+    """Longer side -> ``size`` keeping the aspect ratio: ``(scaled_w, scaled_h, image_scale)`` with
+    ``image_scale = original / resized`` (the factor post-processing multiplies boxes by)."""
+    scale = min(size / height, size / width)
+    sw, sh = max(1, int(width * scale + 1e-4)), max(1, int(height * scale + 1e-4))
+    return sw, sh, 1.0 / scale
+
+
+def transform_boxes(boxes_xyxy, fx, fy, ox, oy, size):
+    """Scale by (fx, fy), shift by (-ox, -oy), clip to [0, size], drop empty boxes.
+    Returns ``(boxes xyxy, keep mask)``."""
+    b = boxes_xyxy.astype(np.float32) * np.asarray([fx, fy, fx, fy], np.float32)
+    b = b - np.asarray([ox, oy, ox, oy], np.float32)
+    b = np.clip(b, 0.0, float(size))
+    keep = ((b[:, 2] - b[:, 0]) > 0) & ((b[:, 3] - b[:, 1]) > 0)
+    return b, keep
+
+
+def pad_targets(boxes_xyxy, labels, max_instances):
+    """xyxy boxes + labels -> fixed ``[max, 4]`` yxyx and ``[max]`` int64 with -1 padding."""
+    out_b = np.zeros((max_instances, 4), np.float32)
+    out_c = np.full((max_instances,), -1, np.int64)
+    n = min(len(labels), max_instances)
+    if n:
+        out_b[:n] = boxes_xyxy[:n][:, [1, 0, 3, 2]]
+        out_c[:n] = labels[:n]
+    return out_b, out_c

@@ -1,0 +1,158 @@
+"""COCO-json annotations, read with the pycocotools COCO API and validated once, up front.
+
+An annotation with a zero/negative-size or malformed box, a box outside the image (by more than
+1 px; up to 1 px is clipped) or an unknown category id, and an image whose file is missing, is
+reported with the json file, annotation id and image (``data.coco.invalid: skip``: logged and
+left out; ``error``: ``DataError``). Category ids map to contiguous 0-based class indices in
+ascending id order (``cat_ids[label]`` maps back). Both loaders (paddle.io and DALI) read a
+split through one ``CocoIndex``.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import math
+import os
+
+import numpy as np
+
+from ppdlx.errors import DataError
+
+log = logging.getLogger("ppdlx.data")
+
+BOX_TOLERANCE = 1.0  # px a box may extend beyond the image before it counts as invalid (it is clipped)
+MAX_REPORTED = 20    # invalid annotations listed one per line; the rest are counted
+
+
+def load_coco_api(json_path: str):
+    """pycocotools ``COCO`` for a file, quietly; one-line ``DataError`` if missing or malformed."""
+    from pycocotools.coco import COCO
+    if not os.path.isfile(json_path):
+        raise DataError(f"{json_path}: annotation file not found (set data.root / data.coco.*_json, or run "
+                        f"tools/make_synthetic_coco.py for the demo data)")
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return COCO(json_path)
+    except (ValueError, KeyError, TypeError, AssertionError) as err:
+        raise DataError(f"{json_path}: not a COCO annotation file ({type(err).__name__}: {err})") from None
+
+
+def coco_from_dict(dataset: dict):
+    from pycocotools.coco import COCO
+    coco = COCO()
+    coco.dataset = dataset
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco.createIndex()
+    return coco
+
+
+def _check_box(bbox, width, height):
+    """Problem with a COCO ``[x, y, w, h]`` box, or None."""
+    if not isinstance(bbox, (list, tuple)) or len(bbox) != 4:
+        return f"malformed bbox {bbox!r} (expected [x, y, w, h])"
+    try:
+        x, y, w, h = (float(v) for v in bbox)
+    except (TypeError, ValueError):
+        return f"malformed bbox {bbox!r}"
+    if not all(math.isfinite(v) for v in (x, y, w, h)):
+        return f"non-finite bbox {bbox!r}"
+    if w <= 0 or h <= 0:
+        return f"zero or negative size bbox {bbox!r}"
+    t = BOX_TOLERANCE
+    if x < -t or y < -t or x + w > width + t or y + h > height + t:
+        return f"bbox {bbox!r} outside the {width}x{height} image"
+    return None
+
+
+class CocoIndex:
+    """The validated content of one COCO json: images (with files), boxes, labels, categories."""
+
+    def __init__(self, json_path: str, image_dir: str, invalid: str = "skip", cat_ids=None):
+        self.json_path, self.image_dir = json_path, image_dir
+        coco = load_coco_api(json_path)
+        cats = sorted(coco.dataset.get("categories", []), key=lambda c: c["id"])
+        if not cats:
+            raise DataError(f"{json_path}: no 'categories' in the annotation file")
+        self.cat_ids = [int(c["id"]) for c in cats]
+        self.class_names = [str(c.get("name", c["id"])) for c in cats]
+        self.categories = cats
+        if cat_ids is not None and list(cat_ids) != self.cat_ids:
+            raise DataError(f"{json_path}: category ids {self.cat_ids[:10]} differ from the training split's "
+                            f"{list(cat_ids)[:10]}; both splits must list the same categories")
+        label_of = {cid: i for i, cid in enumerate(self.cat_ids)}
+        self.invalid: list = []  # (json, annotation id or None, image id, file name, reason)
+        self.records = []        # dicts: id, file, path, width, height, boxes xyxy, labels, crowd, ann_ids
+        kept_anns = []
+        for image_id in sorted(coco.imgs):
+            info = coco.imgs[image_id]
+            name = info.get("file_name", "")
+            path = os.path.join(image_dir, name)
+            if not name or not os.path.isfile(path):
+                self._report(invalid, None, image_id, name, f"image file {path} not found")
+                continue
+            width, height = float(info.get("width", 0)), float(info.get("height", 0))
+            boxes, labels, crowd, ann_ids = [], [], [], []
+            for ann in coco.imgToAnns.get(image_id, []):
+                cid = ann.get("category_id")
+                reason = None
+                if cid not in label_of:
+                    reason = f"unknown category id {cid!r} (categories: {self.cat_ids[:10]})"
+                else:
+                    reason = _check_box(ann.get("bbox"), width, height)
+                if reason:
+                    self._report(invalid, ann.get("id"), image_id, name, reason)
+                    continue
+                x, y, w, h = (float(v) for v in ann["bbox"])
+                x1, y1 = min(max(x, 0.0), width), min(max(y, 0.0), height)
+                x2, y2 = min(max(x + w, 0.0), width), min(max(y + h, 0.0), height)
+                boxes.append((x1, y1, x2, y2))
+                labels.append(label_of[cid])
+                crowd.append(bool(ann.get("iscrowd", 0)))
+                ann_ids.append(ann.get("id"))
+                kept_anns.append(ann)
+            self.records.append(dict(
+                id=int(image_id), file=name, path=path, width=width, height=height,
+                boxes=np.asarray(boxes, np.float32).reshape(-1, 4), labels=np.asarray(labels, np.int64),
+                crowd=np.asarray(crowd, bool), ann_ids=ann_ids))
+        if len(self.invalid) > MAX_REPORTED:
+            log.warning("%s: %d invalid annotations/images skipped in total (first %d listed above)",
+                        json_path, len(self.invalid), MAX_REPORTED)
+        if not self.records:
+            raise DataError(f"{json_path}: no usable images (image files under {image_dir})")
+        kept_ids = {r["id"] for r in self.records}
+        self.gt_dataset = {
+            "info": coco.dataset.get("info", {}), "categories": cats,
+            "images": [coco.imgs[i] for i in sorted(kept_ids)],
+            "annotations": kept_anns,
+        }
+        self._coco_gt = None
+
+    def _report(self, mode, ann_id, image_id, name, reason):
+        what = f"annotation id {ann_id} (image id {image_id}, {name})" if ann_id is not None else \
+            f"image id {image_id} ({name or 'no file_name'})"
+        if mode == "error":
+            raise DataError(f"{self.json_path}: {what}: {reason}; fix the annotation file or set "
+                            f"data.coco.invalid=skip to leave such entries out")
+        self.invalid.append((self.json_path, ann_id, image_id, name, reason))
+        if len(self.invalid) <= MAX_REPORTED:
+            log.warning("%s: %s: %s (skipped)", self.json_path, what, reason)
+
+    @property
+    def coco_gt(self):
+        """pycocotools ``COCO`` of the kept images and valid annotations (crowd included)."""
+        if self._coco_gt is None:
+            self._coco_gt = coco_from_dict(self.gt_dataset)
+        return self._coco_gt
+
+    @property
+    def image_ids(self):
+        return [r["id"] for r in self.records]
+
+
+def coco_paths(cfg, split: str):
+    """(json path, image dir) of ``split`` ("train"/"val") from ``cfg.data``."""
+    c, root = cfg.data.coco, cfg.data.root
+    json_path = c.train_json if split == "train" else c.val_json
+    image_dir = c.train_images if split == "train" else c.val_images
+    return tuple(p if os.path.isabs(p) else os.path.join(root, p) for p in (json_path, image_dir))

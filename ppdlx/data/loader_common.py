@@ -1,0 +1,111 @@
+"""What the loaders share: the paddle.io loader over a map-style dataset with undecodable images
+reported once by name, the guard around importing a DALI backend, and the batch sampler of a split."""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import numpy as np
+import paddle
+
+from ppdlx.data.samplers import EvalBatchSampler, TrainBatchSampler
+from ppdlx.errors import ConfigError
+
+log = logging.getLogger("ppdlx.data")
+
+
+def report_unreadable(skipped_files: list, path: str, reason: str | None = None) -> None:
+    """One warning line per unreadable image and run; ``skipped_files`` remembers it."""
+    if path in skipped_files:
+        return
+    skipped_files.append(path)
+    if reason:
+        log.warning("skipping unreadable image %s (%s; %d skipped so far)", path, reason, len(skipped_files))
+    else:
+        log.warning("skipping unreadable image %s (%d skipped so far)", path, len(skipped_files))
+
+
+@contextlib.contextmanager
+def dali_required():
+    """Around ``from ppdlx.data import dali...``: a missing DALI is one ``ConfigError`` line."""
+    try:
+        yield
+    except ImportError as err:
+        raise ConfigError(f"data.backend=dali: NVIDIA DALI is not installed ({err}); "
+                          f"pip install 'ppdlx[dali]' or set data.backend=paddle") from None
+
+
+def split_batch_sampler(training: bool, num_samples: int, batch_size: int, rank: int, world_size: int, seed: int,
+                        shuffle: bool, source: str):
+    """Training: full shuffled batches (``ConfigError`` if a rank gets none); val: disjoint shards,
+    every sample once. ``source`` (split directory or annotation file) names the data in the error."""
+    if not training:
+        return EvalBatchSampler(num_samples, batch_size, rank, world_size)
+    sampler = TrainBatchSampler(num_samples, batch_size, rank, world_size, seed=seed, shuffle=shuffle)
+    if len(sampler) == 0:
+        raise ConfigError(f"data.batch_size={batch_size}: larger than the {num_samples} training images per "
+                          f"rank ({source}); lower data.batch_size")
+    return sampler
+
+
+class _PaddleDataset(paddle.io.Dataset):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, index):
+        return self.inner[index]
+
+
+class PaddleIOLoader:
+    """Batches of a map-style dataset through ``paddle.io.DataLoader``.
+
+    ``collate_fn`` returns the batch's arrays followed by the dataset indices of the samples it
+    dropped as undecodable (-1 for the others; a fixed length, as paddle cannot pass empty arrays
+    between workers) and a 1-D first array when every sample of the batch was dropped. The loader
+    yields the arrays without that last one, reports each dropped image once (``path_of(index)``)
+    and skips empty batches.
+    """
+
+    def __init__(self, dataset, batch_sampler, workers: int, collate_fn):
+        self.dataset = dataset
+        self.batch_sampler = batch_sampler
+        self.workers = workers
+        self.skipped_files: list = []
+        self._loader = paddle.io.DataLoader(_PaddleDataset(dataset), batch_sampler=batch_sampler,
+                                            collate_fn=collate_fn, num_workers=workers, return_list=True,
+                                            use_shared_memory=workers > 0)
+
+    def path_of(self, index: int) -> str:
+        raise NotImplementedError
+
+    @property
+    def num_images(self):
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+        self.batch_sampler.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+    def __iter__(self):
+        it = iter(self._loader)
+        try:
+            for *arrays, skipped in it:
+                for index in np.asarray(skipped).reshape(-1).tolist():
+                    if index >= 0:
+                        report_unreadable(self.skipped_files, self.path_of(index))
+                if arrays[0].ndim == 1:
+                    continue
+                yield tuple(arrays)
+        finally:
+            # A consumer that stops early (steps_per_epoch, precise BN) would otherwise leave the
+            # worker processes of this pass alive until the iterator is garbage collected.
+            shutdown = getattr(it, "_try_shutdown_all", None)
+            if shutdown is not None:
+                shutdown()

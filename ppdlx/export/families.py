@@ -1,0 +1,108 @@
+"""What export needs from a task, as plain data (the *export spec*), and the graph each family saves.
+
+An export spec is a dict a task supplies (``export_model(..., export_spec=...)``):
+
+* ``family``: ``classification`` or ``detection``; picks the graph below and is written to
+  ``inference.yml``;
+* ``image_size``: the side of the square network input;
+* ``preprocess``, ``postprocess``: the ``inference.yml`` sections of those names (the predictor's
+  side; see :mod:`ppdlx.export.meta`);
+* ``trt_batches``: ``{"opt_batch", "max_batch"}``, the default TensorRT shape range;
+* classification: ``output`` (``logits`` or ``probabilities``);
+* detection: ``num_classes``, ``anchors`` (``min_level``, ``max_level``, ``num_scales``,
+  ``aspect_ratios``, ``anchor_scale``) and ``nms`` (keyword overrides of
+  ``EfficientDetPostProcess``; empty keeps its defaults): the post-processing built into the graph.
+
+``legacy_export_spec(cfg, model)`` derives a spec from the model itself; it is the one place in
+export that tells a detector from a classifier, until the task plug-ins supply the spec.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List
+
+import paddle.nn as nn
+
+from ppdlx.errors import ConfigError
+from ppdlx.export.files import ModelFiles
+from ppdlx.export.meta import classification_preprocess
+from ppdlx.export.paddle_export import (DETECTION_ROLES, INPUT_NAME, SCALE_NAME, ClassifierForExport,
+                                        DetectorForExport, image_shape, save_classifier, save_detector)
+
+
+def classification_export_spec(transforms, output: str, num_classes: int) -> dict:
+    """Image in, logits or probabilities out; the val transform of ``data.transforms`` as pre-processing."""
+    return {"family": "classification", "image_size": int(transforms.crop_size), "output": output,
+            "preprocess": classification_preprocess(transforms),
+            "postprocess": {"type": "topk", "output": output, "topk": min(5, int(num_classes))},
+            "trt_batches": {"opt_batch": 32, "max_batch": 256}}
+
+
+def detection_export_spec(transforms, image_size: int, num_classes: int, anchors: dict, nms: dict | None = None,
+                          score_threshold: float = 0.4) -> dict:
+    """Image and ``image_scale`` in, decoded boxes after NMS out; resize-longer-side-and-pad pre-processing.
+    ``score_threshold`` is the predictor's display threshold (the graph keeps every detection)."""
+    size = int(image_size)
+    return {"family": "detection", "image_size": size, "num_classes": int(num_classes),
+            "anchors": dict(anchors), "nms": dict(nms or {}),
+            "preprocess": {"type": "resize_long_pad", "size": size, "interpolation": transforms.interpolation,
+                           "mean": [float(v) for v in transforms.mean], "std": [float(v) for v in transforms.std],
+                           "pad_value": 0.0, "color": "RGB"},
+            "postprocess": {"type": "detections", "box_format": "xyxy", "coords": "original",
+                            "score_threshold": float(score_threshold)},
+            "trt_batches": {"opt_batch": 8, "max_batch": 32}}
+
+
+def legacy_export_spec(cfg, model) -> dict:
+    """The spec of ``model`` under ``cfg``: a model carrying anchor settings is a detector."""
+    num_classes = int(getattr(model, "num_classes", cfg.model.num_classes))
+    if hasattr(model, "anchor_args") and hasattr(model, "image_size"):
+        return detection_export_spec(cfg.data.transforms, model.image_size, num_classes, model.anchor_args)
+    return classification_export_spec(cfg.data.transforms, cfg.export.output, num_classes)
+
+
+@dataclass
+class ExportGraph:
+    """A saved inference program and what it is checked and described with."""
+    files: ModelFiles
+    layer: nn.Layer          # the dynamic model the program must reproduce
+    inputs: List[dict]       # inference.yml inputs: name, shape, dtype, layout, role
+    output_roles: List[str]  # one per program output, in order
+    postprocess: dict        # inference.yml postprocess section
+
+
+def _image_input(data_format: str, size: int) -> dict:
+    return {"name": INPUT_NAME, "shape": image_shape(data_format, size, size), "dtype": "float32",
+            "layout": data_format, "role": "image"}
+
+
+def classification_graph(model, spec: dict, output_dir: str, data_format: str, fmt: str) -> ExportGraph:
+    size, output = spec["image_size"], spec["output"]
+    files = save_classifier(model, output_dir, size, size, data_format, output, fmt)
+    return ExportGraph(files, ClassifierForExport(model, output), [_image_input(data_format, size)], [output],
+                       dict(spec["postprocess"]))
+
+
+def detection_graph(model, spec: dict, output_dir: str, data_format: str, fmt: str) -> ExportGraph:
+    """The model followed by anchor decoding and NMS in one program, built from the spec's plain settings."""
+    from ppdlx.models.detection.det_postprocess import EfficientDetPostProcess
+    size = spec["image_size"]
+    post = EfficientDetPostProcess(num_classes=spec["num_classes"], image_size=size, data_format=data_format,
+                                   **spec["anchors"], **spec["nms"])
+    files = save_detector(model, post, output_dir, size, data_format, fmt)
+    inputs = [_image_input(data_format, size),
+              {"name": SCALE_NAME, "shape": [-1], "dtype": "float32", "layout": "N", "role": "scale"}]
+    postprocess = {**spec["postprocess"], "max_detections": int(post.max_detections),
+                   "nms_iou_threshold": float(post.iou_threshold)}
+    return ExportGraph(files, DetectorForExport(model, post), inputs, list(DETECTION_ROLES), postprocess)
+
+
+GRAPHS: Dict[str, Callable[..., ExportGraph]] = {"classification": classification_graph,
+                                                 "detection": detection_graph}
+
+
+def export_graph(model, spec: dict, output_dir: str, data_format: str, fmt: str) -> ExportGraph:
+    family = spec.get("family")
+    if family not in GRAPHS:
+        raise ConfigError(f"export spec family={family!r}: expected one of {', '.join(sorted(GRAPHS))}")
+    return GRAPHS[family](model, spec, output_dir, data_format, fmt)
