@@ -8,8 +8,9 @@ trains in NHWC instead, where
   runs 20-30 % faster than the conv kernel on ResNet50's 1x1 shapes;
 - every other convolution runs through oneDNN's batched NHWC kernels (``ppdlx.ops.onednn``,
   the oneDNN library inside Paddle's wheel), 1.2-2.2x faster than Paddle's kernels per layer;
-- the BatchNorm (+ ReLU) of ``ConvBNAct`` blocks trains in one oneDNN pass instead of two Paddle
-  kernels (evaluation keeps Paddle's), and max pooling runs through oneDNN too.
+- every ``ppdlx.layers.BatchNormAct2D`` followed by ReLU or by nothing (the BatchNorms of every model
+  family) trains in one oneDNN pass instead of two Paddle kernels (evaluation keeps Paddle's), and
+  max pooling runs through oneDNN too.
 
 Weights keep their ``[Cout, Cin/groups, kh, kw]`` layout, so checkpoints and exports are unchanged
 (docs/cpu_speed.md has the measurements).
@@ -22,7 +23,7 @@ import types
 import paddle
 
 from ppdlx.errors import UnsupportedError
-from ppdlx.models.layers import ConvBNAct
+from ppdlx.layers import BatchNormAct2D
 from ppdlx.ops import onednn
 
 log = logging.getLogger("ppdlx")
@@ -121,9 +122,8 @@ def use_fast_cpu_kernels(model) -> dict:
     switched, kept = onednn.use_onednn_convs(model, skip=lambda layer: _is_matmul_1x1(layer, strided=False))
     norms = 0
     for layer in model.sublayers(include_self=True):
-        if (type(layer) is ConvBNAct and type(layer.act) in (paddle.nn.ReLU, paddle.nn.Identity)
-                and type(layer.bn) is paddle.nn.BatchNorm2D):
-            layer.forward = types.MethodType(_conv_bn_act_forward, layer)
+        if type(layer) is BatchNormAct2D and type(layer.act) in (paddle.nn.ReLU, paddle.nn.Identity):
+            layer.forward = types.MethodType(_batch_norm_act_forward, layer)
             norms += 1
     pools = onednn.use_onednn_max_pools(model)
     log.info("global.cpu_fast_kernels: %d convs, %d batch norms and %d max pools through oneDNN (NHWC), %d 1x1 "
@@ -131,11 +131,10 @@ def use_fast_cpu_kernels(model) -> dict:
     return {"matmul": matmuls, "onednn": switched, "paddle": kept, "batch_norm": norms, "max_pool": pools}
 
 
-def _conv_bn_act_forward(self, x):
+def _batch_norm_act_forward(self, x):
     # Training: BatchNorm (+ ReLU) in one oneDNN pass. A BN in eval mode or with fixed statistics
     # (frozen while the rest trains, e.g. detection.freeze_bn_max_pixels, set after this patch)
     # keeps Paddle's kernel: it must use, and not update, its running statistics.
-    x = self.conv(x)
-    if not self.bn.training or self.bn._use_global_stats:
-        return self.act(self.bn(x))
-    return onednn.batch_norm_train(x, self.bn, type(self.act) is paddle.nn.ReLU, self.bn._data_format == "NHWC")
+    if not self.training or self._use_global_stats:
+        return BatchNormAct2D.forward(self, x)
+    return onednn.batch_norm_train(x, self, type(self.act) is paddle.nn.ReLU, self._data_format == "NHWC")

@@ -18,8 +18,10 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from ppdlx.layers import BatchNormAct2D
 from ppdlx.models.detection.anchors import DEFAULT_ASPECT_RATIOS
 from ppdlx.models.efficientnet import BN_EPS, BN_MOMENTUM, efficientnet_b0
+from ppdlx.models.model_cfg import check_num_classes, detection_cfg
 from ppdlx.registry import MODELS
 
 # BiFPN node topology: (level, input ids); ids 0..4 are the P3..P7 inputs, node i gets id 5 + i.
@@ -35,8 +37,8 @@ BIFPN_NODES = (
 )
 
 
-def _bn(ch, data_format):
-    return nn.BatchNorm2D(ch, momentum=BN_MOMENTUM, epsilon=BN_EPS, data_format=data_format)
+def _bn(ch, data_format, act=None):
+    return BatchNormAct2D(ch, act, eps=BN_EPS, momentum=BN_MOMENTUM, data_format=data_format)
 
 
 class SeparableConv(nn.Layer):
@@ -44,12 +46,20 @@ class SeparableConv(nn.Layer):
 
     def __init__(self, in_ch, out_ch, kernel_size=3, data_format="NCHW", init=None, bias_init=0.0):
         super().__init__()
-        init = init or nn.initializer.XavierUniform
+        self.init = init or nn.initializer.XavierUniform
+        self.bias_init = bias_init
         self.depthwise = nn.Conv2D(in_ch, in_ch, kernel_size, padding="SAME", groups=in_ch, bias_attr=False,
-                                   data_format=data_format, weight_attr=paddle.ParamAttr(initializer=init()))
-        self.pointwise = nn.Conv2D(in_ch, out_ch, 1, data_format=data_format,
-                                   weight_attr=paddle.ParamAttr(initializer=init()),
-                                   bias_attr=paddle.ParamAttr(initializer=nn.initializer.Constant(bias_init)))
+                                   data_format=data_format, weight_attr=paddle.ParamAttr(initializer=self.init()))
+        self.pointwise = self._pointwise(in_ch, out_ch, data_format)
+
+    def _pointwise(self, in_ch, out_ch, data_format):
+        return nn.Conv2D(in_ch, out_ch, 1, data_format=data_format,
+                         weight_attr=paddle.ParamAttr(initializer=self.init()),
+                         bias_attr=paddle.ParamAttr(initializer=nn.initializer.Constant(self.bias_init)))
+
+    def reset_outputs(self, out_ch):
+        """A new, freshly initialised pointwise conv with ``out_ch`` outputs (the depthwise is kept)."""
+        self.pointwise = self._pointwise(self.pointwise._in_channels, out_ch, self.pointwise._data_format)
 
     def forward(self, x):
         return self.pointwise(self.depthwise(x))
@@ -188,16 +198,15 @@ class HeadNet(nn.Layer):
         super().__init__()
         init = lambda: nn.initializer.KaimingNormal(nonlinearity="linear")  # Keras VarianceScaling(1, fan_in)
         self.convs = nn.LayerList([SeparableConv(channels, channels, 3, data_format, init) for _ in range(repeats)])
-        self.bns = nn.LayerList([nn.LayerList([_bn(channels, data_format) for _ in range(num_levels)])
+        self.bns = nn.LayerList([nn.LayerList([_bn(channels, data_format, "swish") for _ in range(num_levels)])
                                  for _ in range(repeats)])
-        self.act = nn.Silu()
         self.predict = SeparableConv(channels, num_outputs, 3, data_format, init, bias_init)
 
     def forward(self, feats):
         outs = []
         for level, x in enumerate(feats):
             for conv, bns in zip(self.convs, self.bns):
-                x = self.act(bns[level](conv(x)))
+                x = bns[level](conv(x))
             outs.append(self.predict(x))
         return outs
 
@@ -222,10 +231,23 @@ class EfficientDet(nn.Layer):
         self.class_net = HeadNet(fpn_channels, self.num_anchors * num_classes, head_repeats, levels,
                                  -math.log((1.0 - prior_prob) / prior_prob), data_format)
         self.box_net = HeadNet(fpn_channels, self.num_anchors * 4, head_repeats, levels, 0.0, data_format)
+        self.default_cfg = detection_cfg(image_size, "bilinear", classifier="class_net.predict.pointwise")
+
+    def reset_classifier(self, num_classes):
+        """A new, freshly initialised class predictor (its pointwise conv, prior-probability bias) with
+        ``num_anchors * num_classes`` outputs; every other weight is kept."""
+        self.num_classes = check_num_classes(num_classes)
+        self.class_net.predict.reset_outputs(self.num_anchors * num_classes)
+
+    def forward_features(self, images):
+        """The BiFPN's P3..P7 maps (``fpn_channels`` each)."""
+        return self.fpn(self.backbone(images))
+
+    def forward_head(self, features):
+        return self.class_net(features), self.box_net(features)
 
     def forward(self, images):
-        feats = self.fpn(self.backbone(images))
-        return self.class_net(feats), self.box_net(feats)
+        return self.forward_head(self.forward_features(images))
 
 
 @MODELS.register("efficientdet_d0")

@@ -20,7 +20,8 @@ import math
 import paddle
 import paddle.nn as nn
 
-from ppdlx.models.layers import ConvBNAct
+from ppdlx.layers import ConvNormAct, SqueezeExcite, drop_path
+from ppdlx.models.model_cfg import check_num_classes, classification_cfg
 from ppdlx.registry import MODELS
 
 BN_MOMENTUM = 0.99  # paddle: running = 0.99 * running + 0.01 * batch (same as Keras 0.99)
@@ -41,48 +42,25 @@ B0_FEATURE_STAGES = (2, 4, 6)
 
 
 def _conv_bn(in_ch, out_ch, k, stride=1, groups=1, act="swish", data_format="NCHW"):
-    return ConvBNAct(in_ch, out_ch, k, stride=stride, groups=groups, act=act, padding="SAME",
-                     data_format=data_format, bn_eps=BN_EPS, bn_momentum=BN_MOMENTUM)
-
-
-def drop_connect(x, survival_prob: float, training: bool):
-    """Per-sample stochastic depth: zero whole samples, rescale the survivors."""
-    if not training or survival_prob >= 1.0:
-        return x
-    shape = [x.shape[0]] + [1] * (x.ndim - 1)
-    mask = paddle.floor(survival_prob + paddle.rand(shape, dtype=x.dtype))
-    return x / survival_prob * mask
-
-
-class SqueezeExcite(nn.Layer):
-    def __init__(self, ch, reduced, data_format="NCHW"):
-        super().__init__()
-        self.spatial_axes = [2, 3] if data_format == "NCHW" else [1, 2]
-        self.reduce = nn.Conv2D(ch, reduced, 1, data_format=data_format,
-                                weight_attr=nn.initializer.KaimingNormal())
-        self.expand = nn.Conv2D(reduced, ch, 1, data_format=data_format,
-                                weight_attr=nn.initializer.KaimingNormal())
-        self.act = nn.Silu()
-
-    def forward(self, x):
-        s = x.mean(axis=self.spatial_axes, keepdim=True)
-        return x * nn.functional.sigmoid(self.expand(self.act(self.reduce(s))))
+    return ConvNormAct(in_ch, out_ch, k, stride=stride, groups=groups, act=act, padding="SAME",
+                       data_format=data_format, eps=BN_EPS, momentum=BN_MOMENTUM)
 
 
 class MBConv(nn.Layer):
     """Inverted residual: [expand 1x1] -> depthwise kxk -> SE -> project 1x1 (+ residual)."""
 
     def __init__(self, in_ch, out_ch, kernel_size, stride, expand_ratio, se_ratio=0.25,
-                 survival_prob=1.0, data_format="NCHW"):
+                 drop_path_rate=0.0, data_format="NCHW"):
         super().__init__()
         mid = in_ch * expand_ratio
         self.expand = _conv_bn(in_ch, mid, 1, data_format=data_format) if expand_ratio != 1 else None
         self.depthwise = _conv_bn(mid, mid, kernel_size, stride=stride, groups=mid, data_format=data_format)
-        self.se = (SqueezeExcite(mid, max(1, int(in_ch * se_ratio)), data_format)
+        self.se = (SqueezeExcite(mid, max(1, int(in_ch * se_ratio)), act="swish", data_format=data_format,
+                                 names=("reduce", "expand"))
                    if se_ratio and se_ratio > 0 else None)
         self.project = _conv_bn(mid, out_ch, 1, act=None, data_format=data_format)
         self.has_residual = stride == 1 and in_ch == out_ch
-        self.survival_prob = survival_prob
+        self.drop_path_rate = drop_path_rate
 
     def forward(self, x):
         y = x if self.expand is None else self.expand(x)
@@ -91,7 +69,7 @@ class MBConv(nn.Layer):
             y = self.se(y)
         y = self.project(y)
         if self.has_residual:
-            y = drop_connect(y, self.survival_prob, self.training) + x
+            y = drop_path(y, self.drop_path_rate, self.training) + x
         return y
 
 
@@ -119,9 +97,9 @@ class EfficientNet(nn.Layer):
         for in_ch, out_ch, k, repeats, expand, stride in stages:
             blocks = []
             for j in range(repeats):
-                survival = 1.0 - drop_connect_rate * blocks_done / total
+                rate = drop_connect_rate * blocks_done / total
                 blocks.append(MBConv(in_ch if j == 0 else out_ch, out_ch, k, stride if j == 0 else 1,
-                                     expand, se_ratio, survival, data_format))
+                                     expand, se_ratio, rate, data_format))
                 blocks_done += 1
             stage_layers.append(nn.Sequential(*blocks))
         self.stages = nn.LayerList(stage_layers)
@@ -136,14 +114,25 @@ class EfficientNet(nn.Layer):
             self.head = _conv_bn(stages[-1][1], head_width, 1, data_format=data_format)
             self.avgpool = nn.AdaptiveAvgPool2D(1, data_format=data_format)
             self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-            bound = 1.0 / math.sqrt(num_classes)  # TF dense init range 1/sqrt(units)
-            self.fc = nn.Linear(head_width, num_classes,
-                                weight_attr=paddle.ParamAttr(initializer=nn.initializer.Uniform(-bound, bound)),
-                                bias_attr=paddle.ParamAttr(initializer=nn.initializer.Constant(0.0)))
             self.num_features = head_width
+            self.fc = self._classifier(num_classes)
+        self.default_cfg = classification_cfg(224, 0.875, "bicubic", classifier=None if features_only else "fc")
 
-    def forward_features(self, x):
-        """Returns the output of every stage (list of 7 for B0)."""
+    def _classifier(self, num_classes):
+        bound = 1.0 / math.sqrt(num_classes)  # TF dense init range 1/sqrt(units)
+        return nn.Linear(self.num_features, num_classes,
+                         weight_attr=paddle.ParamAttr(initializer=nn.initializer.Uniform(-bound, bound)),
+                         bias_attr=paddle.ParamAttr(initializer=nn.initializer.Constant(0.0)))
+
+    def reset_classifier(self, num_classes):
+        """A new, freshly initialised ``fc`` with ``num_classes`` outputs; every other weight is kept."""
+        if self.features_only:
+            raise ValueError("a features_only EfficientNet has no classifier to reset")
+        self.num_classes = check_num_classes(num_classes)
+        self.fc = self._classifier(num_classes)
+
+    def forward_stages(self, x):
+        """The output of every stage (7 maps for B0)."""
         x = self.stem(x)
         outs = []
         for stage in self.stages:
@@ -151,12 +140,20 @@ class EfficientNet(nn.Layer):
             outs.append(x)
         return outs
 
-    def forward(self, x):
-        feats = self.forward_features(x)
+    def forward_features(self, x):
+        """``features_only``: the ``feature_stages`` maps (C3, C4, C5); otherwise the head conv's map
+        (``num_features`` channels)."""
+        stages = self.forward_stages(x)
         if self.features_only:
-            return [feats[i] for i in self.feature_stages]
-        x = self.avgpool(self.head(feats[-1]))
-        return self.fc(self.dropout(paddle.flatten(x, 1)))
+            return [stages[i] for i in self.feature_stages]
+        return self.head(stages[-1])
+
+    def forward_head(self, features):
+        return self.fc(self.dropout(paddle.flatten(self.avgpool(features), 1)))
+
+    def forward(self, x):
+        features = self.forward_features(x)
+        return features if self.features_only else self.forward_head(features)
 
 
 @MODELS.register("efficientnet_b0")

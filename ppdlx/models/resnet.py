@@ -4,12 +4,11 @@ Matches NVIDIA's RN50 v1.5 layout: 25,557,032 parameters at 1000 classes.
 """
 from __future__ import annotations
 
-import math
-
 import paddle
 import paddle.nn as nn
 
-from ppdlx.models.layers import ConvBNAct
+from ppdlx.layers import ConvNormAct, fan_in_uniform
+from ppdlx.models.model_cfg import check_num_classes, classification_cfg
 from ppdlx.registry import MODELS
 
 
@@ -19,14 +18,14 @@ class Bottleneck(nn.Layer):
     def __init__(self, in_ch, width, stride, data_format, zero_init_last_bn):
         super().__init__()
         out_ch = width * self.expansion
-        self.conv1 = ConvBNAct(in_ch, width, 1, data_format=data_format)
+        self.conv1 = ConvNormAct(in_ch, width, 1, data_format=data_format)
         # v1.5: the stride sits on the 3x3 conv, not on the first 1x1 (v1).
-        self.conv2 = ConvBNAct(width, width, 3, stride=stride, data_format=data_format)
-        self.conv3 = ConvBNAct(width, out_ch, 1, act=None, data_format=data_format,
-                               zero_init_gamma=zero_init_last_bn)
+        self.conv2 = ConvNormAct(width, width, 3, stride=stride, data_format=data_format)
+        self.conv3 = ConvNormAct(width, out_ch, 1, act=None, data_format=data_format,
+                                 zero_init_gamma=zero_init_last_bn)
         self.shortcut = None
         if stride != 1 or in_ch != out_ch:
-            self.shortcut = ConvBNAct(in_ch, out_ch, 1, stride=stride, act=None, data_format=data_format)
+            self.shortcut = ConvNormAct(in_ch, out_ch, 1, stride=stride, act=None, data_format=data_format)
         self.relu = nn.ReLU()
 
     def forward(self, x):
@@ -42,7 +41,7 @@ class ResNet(nn.Layer):
             raise ValueError(f"data_format must be NCHW or NHWC, got {data_format!r}")
         self.data_format = data_format
         self.num_classes = num_classes
-        self.stem = ConvBNAct(in_channels, stem_width, 7, stride=2, data_format=data_format)
+        self.stem = ConvNormAct(in_channels, stem_width, 7, stride=2, data_format=data_format)
         self.pool = nn.MaxPool2D(3, stride=2, padding=1, data_format=data_format)
         stages, in_ch = [], stem_width
         for i, (depth, width) in enumerate(zip(depths, widths)):
@@ -55,19 +54,29 @@ class ResNet(nn.Layer):
         self.stages = nn.LayerList(stages)
         self.num_features = in_ch
         self.avgpool = nn.AdaptiveAvgPool2D(1, data_format=data_format)
-        bound = 1.0 / math.sqrt(in_ch)
-        self.fc = nn.Linear(in_ch, num_classes,
-                            weight_attr=paddle.ParamAttr(initializer=nn.initializer.Uniform(-bound, bound)))
+        self.fc = self._classifier(num_classes)
+        self.default_cfg = classification_cfg(224, 0.875, "bilinear", classifier="fc")
+
+    def _classifier(self, num_classes):
+        return nn.Linear(self.num_features, num_classes, weight_attr=fan_in_uniform(self.num_features))
+
+    def reset_classifier(self, num_classes):
+        """A new, freshly initialised ``fc`` with ``num_classes`` outputs; every other weight is kept."""
+        self.num_classes = check_num_classes(num_classes)
+        self.fc = self._classifier(num_classes)
 
     def forward_features(self, x):
+        """The last stage's feature map (``num_features`` channels, stride 32)."""
         x = self.pool(self.stem(x))
         for stage in self.stages:
             x = stage(x)
         return x
 
+    def forward_head(self, features):
+        return self.fc(paddle.flatten(self.avgpool(features), 1))
+
     def forward(self, x):
-        x = self.avgpool(self.forward_features(x))
-        return self.fc(paddle.flatten(x, 1))
+        return self.forward_head(self.forward_features(x))
 
 
 @MODELS.register("resnet50")

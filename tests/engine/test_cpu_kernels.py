@@ -1,10 +1,11 @@
-"""1x1 convolutions as matmuls (ppdlx.engine.cpu_kernels): same outputs and gradients as Paddle's
-conv kernel, only where that holds (plain NHWC 1x1 convs)."""
+"""ppdlx.engine.cpu_kernels: 1x1 convolutions as matmuls (same outputs and gradients as Paddle's conv
+kernel, only where that holds: plain NHWC 1x1 convs) and the oneDNN BatchNorm of every model family."""
 import numpy as np
 import paddle
 import pytest
 
-from ppdlx.engine.cpu_kernels import conv1x1_as_matmul
+from ppdlx.engine.cpu_kernels import conv1x1_as_matmul, use_fast_cpu_kernels
+from ppdlx.layers import BatchNormAct2D
 from ppdlx.models import MODELS
 
 
@@ -38,3 +39,47 @@ def test_only_plain_nhwc_1x1_convs_are_replaced():
     assert 0 < conv1x1_as_matmul(nhwc) == len(ones) < len(convs)
     grouped = paddle.nn.Conv2D(8, 8, 1, groups=2, data_format="NHWC")
     assert conv1x1_as_matmul(grouped) == 0
+
+
+@pytest.mark.parametrize("name,args", [("gpunet_0", {"dropout": 0.0, "drop_path_rate": 0.0}),
+                                       ("gpunet_d1", {"dropout": 0.0}),
+                                       ("efficientdet_d0", {"image_size": 64})])
+def test_fast_kernels_fuse_the_batch_norms_of_every_family(name, args):
+    """Every BatchNorm followed by ReLU or by nothing trains through oneDNN, whichever family built it
+    (GPUNet's reference-named blocks, EfficientDet's BiFPN); those followed by swish keep Paddle's. A
+    train step then matches Paddle's NHWC kernels within the rounding noise between Paddle's own NCHW
+    and NHWC kernels: outputs, gradients and the updated running statistics."""
+    paddle.seed(0)
+    models = {layout: MODELS.build(name, data_format=layout.upper()[:4], **args)
+              for layout in ("nchw", "nhwc", "nhwc_fast")}
+    for layout in ("nhwc", "nhwc_fast"):
+        models[layout].set_state_dict(models["nchw"].state_dict())
+    norms = [layer for layer in models["nhwc_fast"].sublayers() if type(layer) is BatchNormAct2D]
+    fusable = [layer for layer in norms if type(layer.act) in (paddle.nn.ReLU, paddle.nn.Identity)]
+    assert use_fast_cpu_kernels(models["nhwc_fast"])["batch_norm"] == len(fusable) > 0
+    assert all(("forward" in vars(layer)) == (layer in fusable) for layer in norms)
+    x = paddle.randn([4, 3, 64, 64])
+    outs, grads, stats = {}, {}, {}
+    for layout, model in models.items():
+        model.train()
+        out = model(x if layout == "nchw" else x.transpose([0, 2, 3, 1]))
+        out = [out] if isinstance(out, paddle.Tensor) else [t for level in out for t in level]
+        if layout == "nchw" and out[0].ndim == 4:
+            out = [t.transpose([0, 2, 3, 1]) for t in out]
+        sum((t * paddle.linspace(-1, 1, t.shape[-1])).sum() for t in out).backward()
+        outs[layout] = np.concatenate([t.numpy().ravel() for t in out])
+        grads[layout] = np.concatenate([p.grad.numpy().ravel() for p in model.parameters() if p.grad is not None])
+        stats[layout] = np.concatenate([v.numpy().ravel() for k, v in model.state_dict().items()
+                                        if k.endswith(("._mean", "._variance"))])
+
+    def max_diff(values, a, b):
+        return np.abs(values[a] - values[b]).max()
+
+    def rel(a, b):
+        return np.linalg.norm(grads[a] - grads[b]) / np.linalg.norm(grads[a])
+
+    assert grads["nhwc_fast"].size == grads["nhwc"].size and stats["nhwc_fast"].size == stats["nhwc"].size
+    assert max_diff(outs, "nhwc", "nhwc_fast") <= max(2 * max_diff(outs, "nchw", "nhwc"),
+                                                      1e-5 * np.abs(outs["nhwc"]).max())
+    assert max_diff(stats, "nhwc", "nhwc_fast") <= max(2 * max_diff(stats, "nchw", "nhwc"), 1e-6)
+    assert rel("nhwc", "nhwc_fast") <= max(3 * rel("nchw", "nhwc"), 1e-4)

@@ -2,7 +2,7 @@ import numpy as np
 import paddle
 
 from ppdlx.models import MODELS
-from ppdlx.models.efficientnet import EfficientNet, drop_connect, efficientnet_b0
+from ppdlx.models.efficientnet import EfficientNet, efficientnet_b0
 
 
 def _trainable(model):
@@ -45,14 +45,3 @@ def test_nhwc_matches_nchw_with_shared_weights():
     with paddle.no_grad():
         diff = (a(x) - b(x.transpose([0, 2, 3, 1]))).abs().max()
     assert float(diff) < 1e-4
-
-
-def test_drop_connect_keeps_expectation_and_is_off_in_eval():
-    paddle.seed(0)
-    x = paddle.ones([4000, 1, 2, 2])
-    y = drop_connect(x, 0.8, training=True).numpy()
-    per_sample = y[:, 0, 0, 0]
-    assert set(np.unique(per_sample).round(4)) == {0.0, 1.25}
-    assert abs(per_sample.mean() - 1.0) < 0.05
-    assert (y == y[:, :1, :1, :1]).all()  # whole samples are dropped
-    assert np.array_equal(drop_connect(x, 0.8, training=False).numpy(), x.numpy())

@@ -23,7 +23,7 @@ def test_resnet50_params_and_macs_at_224():
     assert abs(info["macs"] / 4.09e9 - 1) < 0.02
     assert info["resolution"] == 224 and info["output_shape"] == [1, 1000]
     first = info["layers"][0]
-    assert first == {"name": "stem", "type": "ConvBNAct", "out_shape": [1, 64, 112, 112]}
+    assert first == {"name": "stem", "type": "ConvNormAct", "out_shape": [1, 64, 112, 112]}
     assert {"name": "fc", "type": "Linear", "out_shape": [1, 1000]} in info["layers"]
 
 
