@@ -3,11 +3,22 @@ reference vision models (ResNet50 v1.5, GPUNet, EfficientDet-D0)."""
 import importlib.util as _importlib_util
 import os as _os
 
-# MKL's vendor check picks slow code paths on AMD CPUs; this must be set before
-# paddle (and with it MKL) is loaded. Outputs are unchanged (checked to 1e-7).
-# The tools apply ``global.mkl_debug_cpu_type`` from the config before paddle loads.
+from ppdlx.cpu_features import (cpu_features as _cpu_features, mkl_debug_cpu_type_for as _mkl_type_for,
+                                thread_environment as _thread_environment)
+
+# The thread/ISA environment as given to this process, before ppdlx or paddle (whose import sets
+# OMP_NUM_THREADS=1 where unset) change it: benchmark workers are started with it.
+THREAD_ENV_GIVEN = _thread_environment()
+
+# MKL's vendor check keeps its AVX2 kernels from non-Intel CPUs: where that costs (a non-Intel
+# CPU with avx2, detected here) MKL_DEBUG_CPU_TYPE=5 is set before paddle (and with it MKL) loads;
+# elsewhere, Intel CPUs included, MKL is left to dispatch by itself. Outputs are unchanged
+# (checked to 1e-7). A variable the user set wins; the tools then apply an explicit
+# ``global.mkl_debug_cpu_type`` from the config before paddle loads (ppdlx/cpu_env.py).
 MKL_DEBUG_CPU_TYPE_FROM_USER = "MKL_DEBUG_CPU_TYPE" in _os.environ
-_os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+MKL_DEBUG_CPU_TYPE_DETECTED = _mkl_type_for(_cpu_features())
+if not MKL_DEBUG_CPU_TYPE_FROM_USER and MKL_DEBUG_CPU_TYPE_DETECTED is not None:
+    _os.environ["MKL_DEBUG_CPU_TYPE"] = MKL_DEBUG_CPU_TYPE_DETECTED
 
 __version__ = "0.1.0"
 

@@ -1,15 +1,21 @@
 """Benchmarks: ``python tools/benchmark.py {train,loader,infer} -c CFG ... [--report FILE]``.
 
-Prints a table and writes ``{"machine": {...}, "rows": [{"case", "images_per_s", ...}]}``.
+Prints a table and writes ``{"machine": {...}, "rows": [{"case", "images_per_s", ...}]}``; ``machine``
+records the CPU (model, vendor, the flags that select kernels, cores), library versions and the
+thread settings of every kind (``ppdlx.benchmarks.machine_facts``).
 """
 import argparse
 import importlib
 import sys
+import warnings
 
 from _cli import run, write_report
 
 
 def main():
+    # paddle's import (some kinds load it with their module) warns about a missing compiler cache
+    # for custom C++ ops: noise here, and it would break the one-line error contract.
+    warnings.filterwarnings("ignore", message="No ccache found")
     from ppdlx.benchmarks import KINDS, format_table, machine_facts
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="kind", required=True)
@@ -28,6 +34,9 @@ def main():
     args = parser.parse_args()
     result = modules[args.kind].run(args)
     report = {"machine": machine_facts(), **result}
+    threads = report.pop("threads", None)
+    if threads is not None:
+        report["machine"]["threads"]["benchmark"] = threads
     print(format_table(report["rows"]))
     for line in report.get("notes", []):
         print(line)

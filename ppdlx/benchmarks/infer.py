@@ -1,12 +1,16 @@
 """Inference speed: ppdlx's deploy predictor (Paddle Inference, CPU) vs onnxruntime on the same export.
 
 Exports the configured classifier (ResNet50 at 224 by default; random weights are fine for
-speed) with ``--onnx``, imports the deploy package ``ppdlx_deploy`` (deploy/ does not import
-ppdlx, and ppdlx does not depend on deploy/: it is found at run time, see
-:func:`find_deploy_dir`), builds its predictors and times the network call (input copy + run +
-output copy) with the cases interleaved batch by batch, so the load of other processes on this
-shared machine hits every case alike. Latency percentiles are true percentiles
-(numpy.percentile) of per-batch times, warm-up excluded.
+speed) with ``--onnx`` and imports the deploy package ``ppdlx_deploy`` (deploy/ does not import
+ppdlx, and ppdlx does not depend on deploy/: it is found at run time, see :func:`find_deploy_dir`).
+Each compared runtime runs in its OWN fresh worker process, one process at a time, once per
+round; the order alternates from round to round (``ppdlx_deploy.benchmark.run_rounds``). A
+worker builds its predictor, runs ``--warmup`` untimed batches and times ``--steps`` batches per
+batch size (input copy + run + output copy). Reported: per runtime the median batch latency
+over all rounds; per pair (every runtime vs the reference, every Paddle variant vs plain
+``paddle-cpu fp32``) the median and spread (range, quartiles) of the per-round latency ratios.
+Why not one process: the spinning worker threads of one runtime's thread pool take cores from the
+next (docs/cpu_speed.md).
 """
 from __future__ import annotations
 
@@ -17,7 +21,9 @@ import sys
 import time
 from typing import Optional
 
-from ppdlx.errors import ConfigError
+import ppdlx
+from ppdlx.cpu_features import cpu_features, has_bf16
+from ppdlx.errors import ConfigError, UnsupportedError
 
 DEPLOY_PACKAGE = "ppdlx_deploy"
 DEPLOY_DIR_ENV = "PPDLX_DEPLOY_DIR"
@@ -81,13 +87,32 @@ def load_deploy_module(deploy_dir: Optional[str] = None):
     return module
 
 
+DEFAULT_REFERENCE = "onnxruntime fp32"
+PADDLE_BASELINE = "paddle-cpu fp32"
+# Process-level settings that may matter on some CPUs; they act before the libraries load, so
+# they are benchmark candidates (a worker's environment), not predictor plans.
+ENV_VARIANTS = {
+    "kmp-compact": {"KMP_AFFINITY": "granularity=fine,compact,1,0"},  # pin OpenMP threads to cores
+    "mkl-type-5": {"MKL_DEBUG_CPU_TYPE": "5"},                          # MKL's AVX2 paths forced
+}
+
+
 def add_arguments(parser):
     parser.add_argument("-c", "--config", required=True)
     parser.add_argument("-o", "--override", action="append", nargs="+", default=[])
     parser.add_argument("--batch-sizes", default="1,8")
-    parser.add_argument("--repeats", type=int, default=20, help="timed batches per case and batch size")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed batches per case and batch size")
-    parser.add_argument("--threads", type=int, help="CPU threads for every case (default: cores available)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rounds; each runs every runtime once in its own fresh process (order alternates)")
+    parser.add_argument("--steps", "--repeats", dest="steps", type=int, default=20,
+                        help="timed batches per runtime, batch size and round")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed batches per worker and batch size")
+    parser.add_argument("--threads", type=int, help="CPU threads for every runtime (default: cores available)")
+    parser.add_argument("--runtimes", default="auto",
+                        help="comma list of 'BACKEND PRECISION [VARIANT[+VARIANT]]' (paddle-cpu/onnxruntime; "
+                             "Paddle plan variants from ppdlx_deploy.CPU_VARIANTS, worker environments "
+                             f"{', '.join(ENV_VARIANTS)}); 'auto' = {PADDLE_BASELINE}, {DEFAULT_REFERENCE} and "
+                             "paddle-cpu bf16 where the CPU has bf16 hardware")
+    parser.add_argument("--reference", default=DEFAULT_REFERENCE, help="the runtime every ratio divides by")
     parser.add_argument("--resolution", type=int, default=224)
     parser.add_argument("--model-dir", help="export here (default: <global.output_dir>/bench_infer); "
                                             "an export with the same model/resolution is reused")
@@ -95,10 +120,8 @@ def add_arguments(parser):
                         help="Paddle program format to export (ONNX is converted from the same export); "
                              "program (.pdmodel) runs on the classic executor and allows the OpenVINO engine")
     parser.add_argument("--reexport", action="store_true", help="export even if a matching export exists")
-    parser.add_argument("--openvino", action="store_true",
-                        help="add Paddle Inference's OpenVINO engine case (needs --format program)")
-    parser.add_argument("--untuned", action="store_true",
-                        help="add the untuned Paddle predictor (default executor) to show what tuning buys")
+    parser.add_argument("--openvino", action="store_true", help="add 'paddle-cpu fp32 openvino' (--format program)")
+    parser.add_argument("--untuned", action="store_true", help="add 'paddle-cpu fp32 untuned' (Paddle's defaults)")
     parser.add_argument("--deploy-dir", help=f"folder holding the {DEPLOY_PACKAGE} package (default: "
                                              f"${DEPLOY_DIR_ENV}, else deploy/python of this checkout, else the "
                                              f"installed package)")
@@ -121,53 +144,164 @@ def _ensure_export(cfg, model_dir: str, fmt: str, reexport: bool) -> dict:
     return {"reused": False, "seconds": report["seconds"], "checks": report["checks"]}
 
 
+def _check_counts(args) -> list:
+    """The batch sizes; every count that would time nothing is a one-line error, before any work."""
+    for flag, value, least in (("--steps", args.steps, 1), ("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0)):
+        if value < least:
+            raise ConfigError(f"benchmark infer {flag} {value}: need at least {least} "
+                              + ("timed batch per runtime, batch size and round" if flag == "--steps" else
+                                 "round" if flag == "--rounds" else "untimed batches"))
+    try:
+        sizes = [int(b) for b in str(args.batch_sizes).split(",") if b.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f"benchmark infer --batch-sizes {args.batch_sizes}: give positive integers, e.g. 1,8")
+    return sizes
+
+
+def runtime_names(args, features: dict) -> list:
+    """The runtimes to compare, ``auto`` expanded, without repeats."""
+    names = []
+    for item in [n.strip() for n in str(args.runtimes).split(",") if n.strip()]:
+        if item == "auto":
+            names += [PADDLE_BASELINE, DEFAULT_REFERENCE] + (["paddle-cpu bf16"] if has_bf16(features) else [])
+        else:
+            names.append(" ".join(item.split()))
+    names += ["paddle-cpu fp32 openvino"] * args.openvino + ["paddle-cpu fp32 untuned"] * args.untuned
+    return list(dict.fromkeys(names))
+
+
+def parse_runtime(name: str, variants: dict, features: dict) -> tuple:
+    """``(worker spec fields, worker environment)`` of a runtime name such as
+    ``paddle-cpu fp32 memory-optim+kmp-compact``."""
+    parts = name.split()
+    if len(parts) not in (2, 3) or parts[0] not in ("paddle-cpu", "onnxruntime"):
+        raise ConfigError(f"benchmark infer --runtimes: '{name}': write 'BACKEND PRECISION [VARIANT]' with backend "
+                          f"paddle-cpu or onnxruntime, e.g. 'paddle-cpu fp32 memory-optim'")
+    backend, precision = parts[:2]
+    plan_parts, env = [], {}
+    for token in (parts[2].split("+") if len(parts) == 3 else []):
+        if token in ENV_VARIANTS:
+            env.update(ENV_VARIANTS[token])
+        elif token in variants and backend == "paddle-cpu":
+            plan_parts.append(token)
+        else:
+            known = ", ".join(list(variants) + list(ENV_VARIANTS)) if backend == "paddle-cpu" else \
+                ", ".join(ENV_VARIANTS)
+            raise ConfigError(f"benchmark infer --runtimes: '{name}': unknown variant '{token}' for {backend} "
+                              f"(known: {known})")
+    if backend == "onnxruntime" and precision != "fp32":
+        raise UnsupportedError(f"benchmark infer --runtimes: '{name}': onnxruntime runs fp32 here")
+    if precision == "bf16" and not has_bf16(features):
+        raise UnsupportedError(f"benchmark infer --runtimes: '{name}': this CPU has neither avx512_bf16 nor "
+                               f"amx_bf16, so paddle-cpu bf16 is not offered (oneDNN would emulate it)")
+    options = {"cpu_variant": "+".join(plan_parts)} if plan_parts else {}
+    return {"backend": backend, "precision": precision, "options": options}, env
+
+
+def _pairs(names: list, reference: str) -> list:
+    pairs = [(n, reference) for n in names if n != reference]
+    if PADDLE_BASELINE in names:
+        pairs += [(n, PADDLE_BASELINE) for n in names
+                  if n.startswith("paddle-cpu") and n not in (PADDLE_BASELINE, reference)]
+    return pairs
+
+
+def _range(stats: dict) -> str:
+    rounds = f"{stats['n']} round" + ("s" if stats["n"] != 1 else "")
+    return (f"{stats['median']:.3f} (median of {rounds}; range {stats['min']:.3f}-{stats['max']:.3f}, "
+            f"quartiles {stats['q1']:.3f}-{stats['q3']:.3f})")
+
+
+def _one_line(D, fn, *args, **kwargs):
+    """``fn(...)`` with the deploy package's errors raised as ppdlx's (one line, same exit code)."""
+    try:
+        return fn(*args, **kwargs)
+    except D.UnsupportedError as err:
+        raise UnsupportedError(f"benchmark infer: {err}") from None
+    except D.DeployError as err:
+        raise ConfigError(f"benchmark infer: {err}") from None
+
+
 def run(args) -> dict:
+    batch_sizes = _check_counts(args)
+    features = cpu_features()
     from ppdlx.config import flatten_overrides, load_config
     D = load_deploy_module(args.deploy_dir)  # before the export: a missing deploy package is one line, at once
-    overrides = list(flatten_overrides(args.override)) + [f"data.transforms.crop_size={args.resolution}",
-                                                          f"data.transforms.resize_short={int(args.resolution * 8 / 7)}"]
+    names = runtime_names(args, features)
+    parsed = {name: parse_runtime(name, D.CPU_VARIANTS, features) for name in names}
+    if args.reference not in parsed:
+        raise ConfigError(f"benchmark infer --reference '{args.reference}' is not among the runtimes "
+                          f"({', '.join(names)})")
+    if len(names) < 2:
+        raise ConfigError(f"benchmark infer: compare at least two runtimes (--runtimes {args.runtimes})")
+    overrides = list(flatten_overrides(args.override)) + [
+        f"data.transforms.crop_size={args.resolution}", f"data.transforms.resize_short={int(args.resolution * 8 / 7)}"]
     cfg = load_config(args.config, overrides)
     if cfg.model.name.startswith("efficientdet"):
         raise ConfigError("benchmark infer: classification models only (model.name=%s)" % cfg.model.name)
-    batch_sizes = [int(b) for b in str(args.batch_sizes).split(",") if b]
-    model_dir = args.model_dir or os.path.join(cfg.global_cfg.output_dir, "bench_infer")
+    model_dir = os.path.abspath(args.model_dir or os.path.join(cfg.global_cfg.output_dir, "bench_infer"))
     export = _ensure_export(cfg, model_dir, args.format, args.reexport)
 
     threads = args.threads or D.default_threads()
     meta = D.load_meta(model_dir)
-    predictors = {"ppdlx paddle-cpu fp32": D.PaddlePredictor(model_dir, "paddle-cpu", "fp32", threads=threads,
-                                                             meta=meta),
-                  "onnxruntime fp32": D.OnnxPredictor(model_dir, threads=threads, meta=meta)}
-    if args.openvino:
-        predictors["ppdlx paddle-cpu fp32 openvino"] = D.PaddlePredictor(
-            model_dir, "paddle-cpu", "fp32", threads=threads, meta=meta, cpu_engine="openvino")
-    if args.untuned:
-        predictors["paddle-cpu fp32 untuned"] = D.PaddlePredictor(model_dir, "paddle-cpu", "fp32", threads=threads,
-                                                                  meta=meta, tuned_cpu=False)
+    files = D.model_files(model_dir, meta)
+    for spec, _ in parsed.values():  # a plan this export or CPU refuses is one line now, not after some rounds
+        if spec["backend"] == "paddle-cpu":
+            _one_line(D, D.build_plan, meta, files, "paddle-cpu", spec["precision"], threads=threads,
+                      **spec["options"])
+    specs = {name: {"model_dir": model_dir, "threads": threads, "batch_sizes": batch_sizes, "warmup": args.warmup,
+                    "steps": args.steps, **spec} for name, (spec, _) in parsed.items()}
+    # The workers get the thread environment this process was started with (paddle's import sets
+    # OMP_NUM_THREADS here), plus their variant's.
+    env = {name: {**ppdlx.THREAD_ENV_GIVEN, **variant_env} for name, (_, variant_env) in parsed.items()}
     load_before = os.getloadavg()
     started = time.time()
-    rows = D.benchmark(predictors, meta, [], batch_sizes, args.warmup, args.repeats, synthetic=True)
+    measured = _one_line(D, D.run_rounds, specs, args.rounds, env,
+                         progress=lambda line: print(line, file=sys.stderr, flush=True))
     load_after = os.getloadavg()
-    by_key = {(r["case"], r["batch_size"]): r for r in rows}
-    for r in rows:
-        ort = by_key.get(("onnxruntime fp32", r["batch_size"]))
-        r["latency_vs_onnxruntime"] = r["latency_ms"]["mean"] / ort["latency_ms"]["mean"]
-        r["mean_ms"], r["p50_ms"], r["p99_ms"] = (r["latency_ms"][k] for k in ("mean", "p50", "p99"))
+    pairs = _pairs(names, args.reference)
+    summary = D.summarize_rounds(measured["replies"], batch_sizes, pairs)
+    ratio_of = {(r["runtime"], r["reference"], r["batch_size"]): r for r in summary["ratios"]}
+    rows = []
+    for bs in batch_sizes:
+        for name in names:
+            stats, first = summary["runtimes"][(name, bs)], measured["replies"][name][0]
+            row = {"case": name, "batch_size": bs, "engine": first["engine"], "threads": first["threads"],
+                   "median_ms": stats["median_ms"], "images_per_s": bs * 1000.0 / stats["median_ms"],
+                   "round_median_ms": stats["round_median_ms"]}
+            ratio = ratio_of.get((name, args.reference, bs))
+            if ratio:
+                row.update({"vs_reference": ratio["median"], "vs_reference_min": ratio["min"],
+                            "vs_reference_max": ratio["max"]})
+            rows.append(row)
+    workers = {name: {k: replies[0][k] for k in ("engine", "precision", "threads", "cpu_variant", "notes", "calls",
+                                                  "thread_env", "thread_env_after_load", "versions")}
+               for name, replies in measured["replies"].items()}
+    for name, (_, variant_env) in parsed.items():
+        workers[name]["variant_env"] = variant_env
     notes = [f"model: {cfg.model.name} {args.resolution}px, {cfg.model.num_classes} classes, random weights, "
              f"format {meta['model']['format']} ({meta['model']['model_file']}), ONNX from the same export "
              f"({'reused' if export['reused'] else 'exported in %.0f s' % export['seconds']})",
-             f"threads per case: {threads}; cases interleaved batch by batch; warm-up {args.warmup}, "
-             f"repeats {args.repeats}; {time.time() - started:.0f} s; load average {load_before[0]:.1f} -> "
-             f"{load_after[0]:.1f} on {os.cpu_count()} cores"]
-    for case, predictor in predictors.items():
-        notes.append(f"{case}: " + "; ".join(predictor.plan["notes"]))
-    for bs in batch_sizes:
-        o = by_key[("onnxruntime fp32", bs)]
-        for case in [c for c in predictors if c.startswith("ppdlx")]:
-            p = by_key[(case, bs)]
-            verdict = "<=" if p["latency_ms"]["mean"] <= o["latency_ms"]["mean"] else ">"
-            notes.append(f"bs {bs}: {case} mean {p['latency_ms']['mean']:.1f} ms {verdict} onnxruntime "
-                         f"{o['latency_ms']['mean']:.1f} ms (ratio {p['latency_vs_onnxruntime']:.3f}); "
-                         f"p50 {p['latency_ms']['p50']:.1f} vs {o['latency_ms']['p50']:.1f}, "
-                         f"p99 {p['latency_ms']['p99']:.1f} vs {o['latency_ms']['p99']:.1f}")
-    return {"rows": rows, "notes": notes, "model_dir": os.path.abspath(model_dir)}
+             f"method: {len(names)} runtimes x {args.rounds} rounds, each run in its own fresh process, one at a "
+             f"time, order reversed every other round; per worker {args.warmup} warm-up + {args.steps} timed batches "
+             f"per batch size; {threads} thread(s) each; {time.time() - started:.0f} s; load average "
+             f"{load_before[0]:.1f} -> {load_after[0]:.1f} on {os.cpu_count()} cores",
+             f"cpu: {features.get('model_name')} ({features.get('vendor')}), flags {' '.join(features['flags'])}"]
+    for name in names:
+        notes.append(f"{name}: " + "; ".join(workers[name]["notes"]))
+    for ratio in summary["ratios"]:
+        a = summary["runtimes"][(ratio["runtime"], ratio["batch_size"])]["median_ms"]
+        b = summary["runtimes"][(ratio["reference"], ratio["batch_size"])]["median_ms"]
+        verdict = "<=" if ratio["median"] <= 1.0 else ">"
+        diff = ratio["output_max_abs_diff"]
+        notes.append(f"bs {ratio['batch_size']}: {ratio['runtime']} / {ratio['reference']} = {_range(ratio)} "
+                     f"{verdict} 1; medians {a:.2f} vs {b:.2f} ms; outputs differ by at most "
+                     + ("?" if diff is None else f"{diff:.2g}"))
+    return {"rows": rows, "notes": notes, "model_dir": model_dir, "ratios": summary["ratios"],
+            "order": measured["order"], "workers": workers,
+            "threads": {"per_runtime": threads, "environment_given": ppdlx.THREAD_ENV_GIVEN},
+            "method": {"rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "batch_sizes": batch_sizes,
+                       "processes": "fresh per runtime and round, one at a time",
+                       "order": "as listed in even rounds, reversed in odd rounds", "reference": args.reference}}

@@ -6,29 +6,59 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from . import cpu
 from .config_calls import plan_call
 from .errors import DeployError, UnsupportedError
 from .meta import is_quantized
 from .trt import trt_plan
 
 BACKENDS = ("paddle-cpu", "paddle-gpu", "trt", "onnxruntime")
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+# "auto" (paddle-cpu): fp32, or bf16 where the CPU has bf16 hardware AND it measured faster
+# here (ppdlx_deploy.tuning); built plans always carry a concrete precision.
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "auto")
+
+# Paddle-CPU settings that could close the gap to onnxruntime, by name (joined with "+"):
+# tools/benchmark.py infer times each in its own process and cpu_plan="auto" picks the fastest on
+# this machine (ppdlx_deploy.tuning). "default" is what a predictor uses unless told otherwise.
+CPU_VARIANTS = {
+    "default": {},
+    "memory-optim": {"memory_optim": True},      # reuse activation buffers (smaller working set)
+    "new-executor": {"executor": "new"},        # .pdmodel on the interpreter core instead of the naive executor
+    "mkl-fc": {"onednn_fc": False},             # fully connected layers on MKL's sgemm instead of oneDNN
+    "openvino": {"cpu_engine": "openvino"},     # Paddle Inference's OpenVINO engine (.pdmodel, fp32)
+    "untuned": {"tuned_cpu": False},            # Paddle's own defaults (shows what the tuning buys)
+}
+
+
+def cpu_variant_options(variant: Optional[str]) -> dict:
+    """build_plan keyword arguments of a variant name such as ``"memory-optim+mkl-fc"``."""
+    options = {}
+    for name in (variant or "default").split("+"):
+        if name not in CPU_VARIANTS:
+            raise DeployError(f"cpu variant {name!r}: choose from {', '.join(CPU_VARIANTS)} (joined with '+')")
+        options.update(CPU_VARIANTS[name])
+    return options
+
+
+def cpu_variants_for(fmt: str, precision: str) -> list:
+    """The variants that apply to an export format (``program``/``pir``) and precision."""
+    names = ["default", "mkl-fc"]
+    if fmt == "program":
+        # a PIR program always runs on the interpreter core, and Paddle's predictor finds no
+        # memory_optimize_pass result for it (create_predictor fails)
+        names += ["memory-optim", "new-executor"]
+        if precision == "fp32":
+            names.append("openvino")
+    return names
 
 
 def cpu_flags() -> set:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    """The flags of :data:`ppdlx_deploy.cpu.FLAGS_THAT_MATTER` this CPU has."""
+    return set(cpu.cpu_features()["flags"])
 
 
 def cpu_has_bf16(flags: Optional[set] = None) -> bool:
-    flags = cpu_flags() if flags is None else flags
-    return bool({"avx512_bf16", "amx_bf16"} & flags)
+    return cpu.has_bf16({"flags": cpu_flags() if flags is None else flags})
 
 
 def default_threads() -> int:
@@ -40,7 +70,9 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
                shape_source: str = "yml", shape_file: Optional[str] = None, trt_max_batch: Optional[int] = None,
                workspace_bytes: Optional[int] = None, min_subgraph_size: Optional[int] = None,
                quantized: Optional[bool] = None, cpu_flag_set: Optional[set] = None, tuned_cpu: bool = True,
-               cpu_engine: str = "onednn", pir_trt_available: Optional[bool] = None) -> dict:
+               cpu_engine: str = "onednn", pir_trt_available: Optional[bool] = None,
+               cpu_variant: Optional[str] = None, executor: str = "auto", memory_optim: bool = False,
+               onednn_fc: bool = True) -> dict:
     """The ``paddle.inference.Config`` calls for a backend/precision, as data (nothing is built;
     paddle is imported only to read a .pdmodel's op list when ``quantized`` is not given, and to
     probe ``paddle.tensorrt`` for a PIR export on ``trt`` when ``pir_trt_available`` is not given).
@@ -51,18 +83,38 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
     converted program, described by ``pir_trt``). A call is ``{"call": method, "args": [...],
     "kwargs": {...}}``; precision enums are written as the ``PrecisionType`` member name
     ("Float32", "Half", "Int8") and resolved by :func:`apply_plan`.
+
+    paddle-cpu settings: ``cpu_variant`` (a :data:`CPU_VARIANTS` name, or several joined with
+    "+") sets the ones below it; ``executor`` ``auto`` (a .pdmodel on the naive executor, a PIR
+    program on the interpreter core run serially) or ``new`` (a .pdmodel on the interpreter core);
+    ``memory_optim`` reuses activation buffers; ``onednn_fc=False`` leaves fully connected layers
+    to MKL. ``cpu_flag_set`` (flags as in /proc/cpuinfo) replaces this CPU's for the checks.
     """
+    if cpu_variant is not None:
+        variant = cpu_variant_options(cpu_variant)
+        tuned_cpu = variant.get("tuned_cpu", tuned_cpu)
+        cpu_engine = variant.get("cpu_engine", cpu_engine)
+        executor = variant.get("executor", executor)
+        memory_optim = variant.get("memory_optim", memory_optim)
+        onednn_fc = variant.get("onednn_fc", onednn_fc)
     if backend not in BACKENDS:
         raise DeployError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
     if precision not in PRECISIONS:
         raise DeployError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
+    if precision == "auto":
+        raise UnsupportedError(f"--backend {backend} --precision auto: auto is offered for paddle-cpu only, "
+                               f"where the predictor measures fp32 against bf16; name a precision"
+                               if backend != "paddle-cpu" else
+                               "--precision auto is resolved by create_predictor (it measures); build_plan needs "
+                               "fp32 or bf16")
     calls, notes = [], []
     threads = threads or default_threads()
     if quantized is None:
         quantized = is_quantized(files["model_file"])
     plan = {"backend": backend, "precision": precision, "threads": threads, "calls": calls, "collect_calls": None,
             "notes": notes, "shape_file": shape_file, "model_file": files["model_file"],
-            "params_file": files["params_file"], "pir_trt": None, "calibration": False}
+            "params_file": files["params_file"], "pir_trt": None, "calibration": False,
+            "tuned_cpu": tuned_cpu, "cpu_variant": cpu_variant or "default"}
 
     if backend == "paddle-cpu":
         if precision == "fp16":
@@ -74,6 +126,14 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
         if precision == "int8" and not quantized:
             raise UnsupportedError("--backend paddle-cpu --precision int8 needs a quantised (QAT/PTQ) export: "
                                    "this model has no quantize ops")
+        if executor not in ("auto", "new"):
+            raise DeployError(f"executor {executor!r}: choose auto or new")
+        if executor == "new" and files["format"] != "program":
+            raise UnsupportedError("executor new: a PIR (.json) program always runs on the interpreter core; "
+                                   "the choice is for --format program exports")
+        if memory_optim and files["format"] != "program":
+            raise UnsupportedError("memory-optim: Paddle's predictor finds no memory_optimize_pass result for a "
+                                   "PIR (.json) program and fails; export with --format program")
         calls += [plan_call("disable_gpu"), plan_call("enable_onednn"),
                   plan_call("set_cpu_math_library_num_threads", int(threads)),
                   plan_call("switch_ir_optim", True)]
@@ -81,21 +141,37 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
             calls.append(plan_call("enable_onednn_bfloat16"))
         if precision == "int8":
             calls.append(plan_call("enable_onednn_int8"))
+            if not cpu.has_vnni({"flags": cpu_flags() if cpu_flag_set is None else cpu_flag_set}):
+                notes.append("int8: this CPU has no VNNI (avx512_vnni/avx_vnni/amx_int8), so oneDNN's int8 "
+                             "kernels gain little over fp32 here; compare with --precision fp32")
         if files["format"] == "program" and tuned_cpu:
             # A legacy .pdmodel runs through the classic analysis passes and executor, which
             # fuse conv+bn+relu(+add) for oneDNN and measured faster than translating it to PIR.
             calls.append(plan_call("enable_new_ir", False))
+        if executor == "new":
+            calls.append(plan_call("enable_new_executor", True))
+        if memory_optim:
+            calls.append(plan_call("enable_memory_optim", True))
+        if not onednn_fc:
+            calls.append(plan_call("disable_onednn_fc_passes"))
         if cpu_engine == "openvino":
             if files["format"] != "program" or precision != "fp32":
                 raise UnsupportedError("--cpu-engine openvino: Paddle Inference ignores the OpenVINO engine for "
                                        "PIR (.json) models; export with --format program (fp32 only)")
             calls.append(plan_call("enable_openvino_engine", inference_precision="Float32"))
+            # The engine caches its compiled model in the optimisation cache directory, which is
+            # ./__cache__ of the working directory unless set.
+            calls.append(plan_call("set_optim_cache_dir", cache_dir or os.path.join(
+                os.path.dirname(os.path.abspath(files["model_file"])), "_openvino_cache")))
         plan["engine"] = "openvino" if cpu_engine == "openvino" else "onednn"
         engine = "OpenVINO (Paddle Inference engine)" if cpu_engine == "openvino" else "oneDNN"
         kind = "PIR program (.json)" if files["format"] == "pir" else "legacy program (.pdmodel)"
         notes.append(f"engine {plan['engine']}: {engine}, {threads} thread(s), IR optimisation on, {kind}"
                      + (", classic passes + executor (enable_new_ir(False))"
-                        if files["format"] == "program" and tuned_cpu else ""))
+                        if files["format"] == "program" and tuned_cpu else "")
+                     + (", interpreter core (enable_new_executor)" if executor == "new" else "")
+                     + (", memory reuse (enable_memory_optim)" if memory_optim else "")
+                     + (", fully connected on MKL (disable_onednn_fc_passes)" if not onednn_fc else ""))
         if tuned_cpu and files["format"] == "pir":
             notes.append("executor: serial run (no op-scheduling thread pool)")
     elif backend in ("paddle-gpu", "trt"):

@@ -55,7 +55,8 @@ class PaddlePredictor:
         # cores that costs context switches for no parallelism (measured in
         # ppdlx/benchmarks/infer.py). The flag is read when the executor is built (creation and
         # first run), so it is set around those only and other predictors keep their own mode.
-        self._serial_run = self.plan["backend"] == "paddle-cpu" and tuned_cpu and self.files["format"] == "pir"
+        self._serial_run = (self.plan["backend"] == "paddle-cpu" and self.plan.get("tuned_cpu", tuned_cpu)
+                            and self.files["format"] == "pir")
         self._built = False
         if self.plan["pir_trt"]:
             self.plan["tensorrt_engines"] = T.convert_pir_trt(self.plan["pir_trt"], sample_feeds)
@@ -131,8 +132,24 @@ class OnnxPredictor:
 
 
 def create_predictor(model_dir: str, backend: str, precision: str = "fp32", **kwargs):
+    """A predictor for ``backend``/``precision``. On paddle-cpu, ``precision="auto"`` and/or
+    ``cpu_variant="auto"`` pick the plan by measuring the candidates on this machine (once per
+    kind of machine, cached: :mod:`ppdlx_deploy.tuning`); its first note says what and why."""
     if backend == "onnxruntime":
-        if precision != "fp32":
+        if precision not in ("fp32", "auto"):
             raise UnsupportedError(f"--backend onnxruntime --precision {precision}: only fp32 is offered here")
         return OnnxPredictor(model_dir, threads=kwargs.get("threads"), meta=kwargs.get("meta"))
+    if backend == "paddle-cpu" and "auto" in (precision, kwargs.get("cpu_variant")):
+        from .tuning import choose_cpu_plan
+        check_backend_available(backend)
+        meta = kwargs.get("meta") or load_meta(model_dir)
+        kwargs["meta"] = meta
+        kwargs["threads"] = kwargs.get("threads") or default_threads()
+        choice = choose_cpu_plan(model_dir, model_files(model_dir, meta), precision, kwargs.pop("cpu_variant", None),
+                                 threads=kwargs["threads"], batch_size=kwargs.get("batch_size", 1))
+        predictor = PaddlePredictor(model_dir, backend, choice["precision"], cpu_variant=choice["cpu_variant"],
+                                    **kwargs)
+        predictor.plan["notes"].insert(0, choice["line"])
+        predictor.plan["cpu_choice"] = choice
+        return predictor
     return PaddlePredictor(model_dir, backend, precision, **kwargs)

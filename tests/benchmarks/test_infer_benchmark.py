@@ -1,0 +1,123 @@
+"""``tools/benchmark.py infer`` compares runtimes the way a sceptical engineer accepts (issue 17):
+each runtime in its own fresh worker process, alternated round by round, per-round ratios reported
+with their spread, and the JSON records the CPU, the libraries and the thread settings."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ppdlx.benchmarks.infer import load_deploy_module
+from ppdlx.cpu_features import cpu_features, has_bf16
+
+D = load_deploy_module()
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCHMARK = os.path.join(ROOT, "tools", "benchmark.py")
+
+
+def _tool(*args, timeout=900):
+    env = {k: v for k, v in os.environ.items() if k != "PPDLX_DEPLOY_DIR"}
+    return subprocess.run([sys.executable, BENCHMARK, "infer", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=timeout)
+
+
+def test_rounds_alternate_the_order_of_the_runtimes():
+    assert D.alternating_order(["a", "b", "c"], 4) == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"],
+                                                       ["c", "b", "a"]]
+    assert D.alternating_order(["a", "b"], 1) == [["a", "b"]]
+
+
+def _reply(round_times_ms, first_output):
+    return {"times_s": {"1": [t / 1000.0 for t in round_times_ms]}, "outputs": {"1": first_output}}
+
+
+def test_ratio_statistics_from_known_per_round_times():
+    # per-round medians: a = 10, 12, 30 ms (the 500 ms batch is one outlier of three); b = 5, 6, 10 ms
+    a = [_reply([9, 10, 500], [1.0, 2.0]), _reply([12, 12, 13], [1.0, 2.0]), _reply([30, 29, 31], [1.0, 2.0])]
+    b = [_reply([5, 5, 5], [1.0, 2.5]), _reply([6, 7, 5], [1.0, 2.5]), _reply([10, 10, 10], [1.0, 2.5])]
+    summary = D.summarize_rounds({"a": a, "b": b}, [1], [("a", "b")])
+    (ratio,) = summary["ratios"]
+    assert ratio["per_round"] == pytest.approx([2.0, 2.0, 3.0])
+    assert (ratio["median"], ratio["min"], ratio["max"], ratio["n"]) == pytest.approx((2.0, 2.0, 3.0, 3))
+    assert (ratio["q1"], ratio["q3"]) == pytest.approx((2.0, 2.5))  # numpy's linear percentiles of 2, 2, 3
+    assert ratio["output_max_abs_diff"] == pytest.approx(0.5)
+    runtime_a = summary["runtimes"][("a", 1)]
+    assert runtime_a["median_ms"] == pytest.approx(13.0)  # median of all nine timed batches (9..500)
+    assert runtime_a["batches"] == 9 and runtime_a["round_median_ms"]["median"] == pytest.approx(12.0)
+    with pytest.raises(D.DeployError, match="same, non-zero number of rounds"):
+        D.ratio_stats([1.0, 2.0], [1.0])
+
+
+def test_zero_steps_is_one_line_and_fails():
+    proc = _tool("-c", "configs/demo/rn50_demo.yaml", "--steps", "0")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == ("error: benchmark infer --steps 0: need at least 1 timed batch per runtime, "
+                                   "batch size and round")
+
+
+def test_unknown_or_unoffered_runtime_is_one_line():
+    proc = _tool("-c", "configs/demo/rn50_demo.yaml", "--runtimes", "auto,paddle-cpu fp32 turbo")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: benchmark infer --runtimes: 'paddle-cpu fp32 turbo': unknown "
+                                          "variant 'turbo' for paddle-cpu (known: default, memory-optim, ")
+    if not has_bf16(cpu_features()):
+        proc = _tool("-c", "configs/demo/rn50_demo.yaml", "--runtimes", "paddle-cpu bf16,onnxruntime fp32")
+        assert proc.returncode == 3
+        assert proc.stderr.strip() == ("error: benchmark infer --runtimes: 'paddle-cpu bf16': this CPU has neither "
+                                       "avx512_bf16 nor amx_bf16, so paddle-cpu bf16 is not offered (oneDNN would "
+                                       "emulate it)")
+
+
+def test_runtimes_run_in_alternating_fresh_processes_and_the_json_records_the_machine(tmp_path):
+    pytest.importorskip("onnxruntime")
+    report = tmp_path / "infer.json"
+    proc = _tool("-c", "configs/demo/rn50_demo.yaml", "-o", "model.name=resnet18_bottleneck_tiny",
+                 "model.num_classes=3", f"global.output_dir={tmp_path / 'out'}", "--resolution", "32",
+                 "--batch-sizes", "1,2", "--rounds", "3", "--steps", "2", "--warmup", "1", "--threads", "2",
+                 "--runtimes", "auto,paddle-cpu fp32 mkl-fc", "--report", str(report))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(report.read_text())
+    names = ["paddle-cpu fp32", "onnxruntime fp32"] + (["paddle-cpu bf16"] if has_bf16(cpu_features()) else []) + \
+        ["paddle-cpu fp32 mkl-fc"]
+    # every runtime once per round, in its own process, order reversed every other round
+    expected = [n for rnd in D.alternating_order(names, 3) for n in rnd]
+    assert [o["runtime"] for o in r["order"]] == expected
+    assert [o["round"] for o in r["order"]] == [i // len(names) for i in range(len(expected))]
+    pids = [o["pid"] for o in r["order"]]
+    assert len(set(pids)) == len(pids) and os.getpid() not in pids
+    # per pair and batch size: the per-round ratios and their spread
+    pairs = {(x["runtime"], x["reference"], x["batch_size"]) for x in r["ratios"]}
+    assert ("paddle-cpu fp32", "onnxruntime fp32", 1) in pairs and ("paddle-cpu fp32", "onnxruntime fp32", 2) in pairs
+    assert ("paddle-cpu fp32 mkl-fc", "paddle-cpu fp32", 2) in pairs
+    for x in r["ratios"]:
+        assert len(x["per_round"]) == 3 and x["n"] == 3
+        assert x["min"] <= x["q1"] <= x["median"] <= x["q3"] <= x["max"]
+        assert x["median"] == pytest.approx(float(np.median(x["per_round"])))
+        assert x["output_max_abs_diff"] < 1e-4  # the runtimes computed the same logits
+    rows = {(row["case"], row["batch_size"]): row for row in r["rows"]}
+    assert set(rows) == {(n, bs) for n in names for bs in (1, 2)}
+    assert rows[("paddle-cpu fp32", 1)]["vs_reference"] == pytest.approx(
+        next(x["median"] for x in r["ratios"] if x["runtime"] == "paddle-cpu fp32" and x["batch_size"] == 1
+             and x["reference"] == "onnxruntime fp32"))
+    assert rows[("onnxruntime fp32", 1)]["engine"] == "onnxruntime" and rows[("paddle-cpu fp32", 1)]["threads"] == 2
+    # the machine: CPU model, vendor, flags that matter, cores; libraries; thread settings
+    here = cpu_features()
+    machine = r["machine"]
+    assert machine["cpu"] == here["model_name"] and machine["cpu_features"]["vendor"] == here["vendor"]
+    assert machine["cpu_features"]["flags"] == here["flags"]
+    assert machine["cpu_features"]["usable_cpus"] == len(os.sched_getaffinity(0))
+    import onnxruntime
+    import paddle
+    assert machine["libraries"]["paddlepaddle"] == paddle.__version__
+    assert machine["libraries"]["onnxruntime"] == onnxruntime.__version__
+    assert machine["threads"]["benchmark"]["per_runtime"] == 2
+    assert set(machine["threads"]["environment"]) >= {"OMP_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "KMP_BLOCKTIME"}
+    workers = r["workers"]
+    assert workers["paddle-cpu fp32 mkl-fc"]["calls"][-1] == "disable_onednn_fc_passes"
+    assert workers["onnxruntime fp32"]["versions"]["onnxruntime"] == onnxruntime.__version__
+    assert "paddle" not in workers["onnxruntime fp32"]["versions"]  # no Paddle thread pool in that process
+    assert workers["paddle-cpu fp32"]["versions"]["paddle"] == paddle.__version__
+    assert any(line.startswith("bs 1: paddle-cpu fp32 / onnxruntime fp32 = ") and "(median of 3 rounds; range " in line
+               for line in r["notes"])

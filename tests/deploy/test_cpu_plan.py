@@ -1,0 +1,136 @@
+"""paddle-cpu plan candidates (issue 17): each variant is a list of Config calls that computes the
+same outputs as onnxruntime; bf16 and int8 are offered by the CPU's detected features; ``--precision
+auto`` / ``cpu_variant="auto"`` pick a plan by measuring it on this machine, cached per CPU kind."""
+import os
+
+import numpy as np
+import pytest
+
+from ppdlx.benchmarks.infer import load_deploy_module
+from ppdlx.config import load_config
+from ppdlx.export import export_model
+
+D = load_deploy_module()
+INTEL_BF16 = {"vendor": "GenuineIntel", "model_name": "Intel Xeon (sample)",
+              "flags": ["avx2", "avx512f", "avx512_vnni", "avx512_bf16"]}
+AMD_AVX2 = {"vendor": "AuthenticAMD", "model_name": "AMD EPYC (sample)", "flags": ["avx2"]}
+
+
+def _files(fmt, tmp_path):
+    model_file = tmp_path / ("inference.pdmodel" if fmt == "program" else "inference.json")
+    return {"format": fmt, "model_file": str(model_file), "params_file": str(tmp_path / "inference.pdiparams")}
+
+
+def _calls(plan):
+    return [(c["call"], c["args"]) for c in plan["calls"]]
+
+
+def test_each_variant_is_its_config_calls(tmp_path):
+    files = _files("program", tmp_path)
+    base = [("disable_gpu", []), ("enable_onednn", []), ("set_cpu_math_library_num_threads", [2]),
+            ("switch_ir_optim", [True]), ("enable_new_ir", [False])]
+
+    def calls(variant):
+        return _calls(D.build_plan({}, files, "paddle-cpu", "fp32", threads=2, quantized=False, cpu_variant=variant))
+
+    assert calls("default") == base
+    assert calls("memory-optim") == base + [("enable_memory_optim", [True])]
+    assert calls("new-executor") == base + [("enable_new_executor", [True])]
+    assert calls("mkl-fc") == base + [("disable_onednn_fc_passes", [])]
+    assert calls("memory-optim+mkl-fc") == base + [("enable_memory_optim", [True]), ("disable_onednn_fc_passes", [])]
+    # the OpenVINO engine caches its compiled model next to the export, not in ./__cache__ of the caller
+    assert calls("openvino") == base + [("enable_openvino_engine", []),
+                                        ("set_optim_cache_dir", [str(tmp_path / "_openvino_cache")])]
+    assert calls("untuned") == base[:4]
+    with pytest.raises(D.DeployError, match="^cpu variant 'turbo': choose from default, memory-optim, new-executor"):
+        calls("turbo")
+
+
+def test_variants_follow_the_export_format(tmp_path):
+    assert D.cpu_variants_for("program", "fp32") == ["default", "mkl-fc", "memory-optim", "new-executor", "openvino"]
+    assert D.cpu_variants_for("program", "bf16") == ["default", "mkl-fc", "memory-optim", "new-executor"]
+    assert D.cpu_variants_for("pir", "fp32") == ["default", "mkl-fc"]
+    files = _files("pir", tmp_path)
+    with pytest.raises(D.UnsupportedError, match="^memory-optim: Paddle's predictor finds no memory_optimize_pass"):
+        D.build_plan({}, files, "paddle-cpu", "fp32", quantized=False, cpu_variant="memory-optim")
+    with pytest.raises(D.UnsupportedError, match="^executor new: a PIR"):
+        D.build_plan({}, files, "paddle-cpu", "fp32", quantized=False, cpu_variant="new-executor")
+
+
+def test_bf16_and_int8_are_offered_by_detected_features(tmp_path):
+    files = _files("program", tmp_path)
+    assert D.cpu_candidates("program", "auto", None, INTEL_BF16) == [("fp32", "default"), ("bf16", "default")]
+    assert D.cpu_candidates("program", "auto", None, AMD_AVX2) == [("fp32", "default")]
+    assert D.cpu_candidates("pir", "auto", "auto", INTEL_BF16) == [("fp32", "default"), ("fp32", "mkl-fc"),
+                                                                   ("bf16", "default"), ("bf16", "mkl-fc")]
+    plan = D.build_plan({}, files, "paddle-cpu", "bf16", quantized=False, cpu_flag_set=set(INTEL_BF16["flags"]))
+    assert ("enable_onednn_bfloat16", []) in _calls(plan)
+    with pytest.raises(D.UnsupportedError, match="^--precision bf16: this CPU has neither avx512_bf16 nor amx_bf16"):
+        D.build_plan({}, files, "paddle-cpu", "bf16", quantized=False, cpu_flag_set=set(AMD_AVX2["flags"]))
+    no_vnni = D.build_plan({}, files, "paddle-cpu", "int8", quantized=True, cpu_flag_set={"avx2"})
+    vnni = D.build_plan({}, files, "paddle-cpu", "int8", quantized=True, cpu_flag_set={"avx2", "avx512_vnni"})
+    assert any(n.startswith("int8: this CPU has no VNNI") for n in no_vnni["notes"])
+    assert not any("VNNI" in n for n in vnni["notes"])
+    with pytest.raises(D.UnsupportedError, match="^--backend trt --precision auto: auto is offered for paddle-cpu"):
+        D.build_plan({}, files, "trt", "auto")
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    base = tmp_path_factory.mktemp("cpu_plan")
+    dirs = {}
+    for fmt in ("program", "pir"):
+        cfg = load_config(None, ["model.name=resnet18_bottleneck_tiny", "model.num_classes=3",
+                                 "data.transforms.crop_size=32", "data.transforms.resize_short=36",
+                                 "data.root=/nonexistent", "global.seed=7"])
+        dirs[fmt] = str(base / fmt)
+        export_model(cfg, output_dir=dirs[fmt], onnx=True, fmt=fmt, check_batch_sizes=(1,))
+    return dirs
+
+
+@pytest.mark.parametrize("fmt", ["program", "pir"])
+def test_every_variant_computes_onnxruntimes_outputs(exports, fmt, tmp_path, monkeypatch):
+    pytest.importorskip("onnxruntime")
+    monkeypatch.chdir(tmp_path)
+    meta = D.load_meta(exports[fmt])
+    feeds = D.synthetic_feeds(meta, 2)
+    reference = D.OnnxPredictor(exports[fmt], threads=2, meta=meta).run(feeds)[0]
+    for variant in D.cpu_variants_for(fmt, "fp32") + ["untuned"]:
+        predictor = D.PaddlePredictor(exports[fmt], "paddle-cpu", "fp32", threads=2, meta=meta, cpu_variant=variant)
+        for _ in range(2):
+            np.testing.assert_allclose(predictor.run(feeds)[0], reference, rtol=1e-4, atol=1e-5, err_msg=variant)
+        assert predictor.plan["cpu_variant"] == variant
+    assert not os.path.exists(tmp_path / "__cache__")  # nothing written into the caller's directory
+    if fmt == "program":
+        assert os.path.isdir(os.path.join(exports[fmt], "_openvino_cache"))
+
+
+@pytest.mark.skipif(D.cpu_has_bf16(), reason="this CPU has bf16 hardware: auto measures (next test)")
+def test_precision_auto_without_bf16_hardware_is_fp32_in_one_line(exports):
+    predictor = D.create_predictor(exports["pir"], "paddle-cpu", "auto", threads=1)
+    assert predictor.plan["precision"] == "fp32" and predictor.plan["cpu_variant"] == "default"
+    assert predictor.plan["notes"][0] == ("cpu plan: fp32 default (this CPU has neither avx512_bf16 nor amx_bf16, so "
+                                          "oneDNN would emulate bf16; nothing to measure)")
+
+
+def test_auto_plan_is_measured_in_workers_once_then_cached(exports, tmp_path, monkeypatch):
+    monkeypatch.setenv("PPDLX_DEPLOY_CACHE", str(tmp_path / "cache"))
+    files = D.model_files(exports["pir"])
+    kwargs = dict(threads=1, batch_size=2, rounds=1, warmup=1, steps=2, features=AMD_AVX2)
+    first = D.choose_cpu_plan(exports["pir"], files, "fp32", "auto", **kwargs)
+    assert not first["cached"] and set(first["medians_ms"]) == {"fp32 default", "fp32 mkl-fc"}
+    assert all(ms > 0 for ms in first["medians_ms"].values())
+    chosen = min(first["medians_ms"], key=first["medians_ms"].get)
+    assert f"{first['precision']} {first['cpu_variant']}" == chosen
+    assert first["line"].startswith(f"cpu plan: {chosen}, median ")
+    assert "1 round(s) in separate processes on AMD EPYC (sample)" in first["line"]
+    second = D.choose_cpu_plan(exports["pir"], files, "fp32", "auto", **kwargs)
+    assert second["cached"] and second["medians_ms"] == first["medians_ms"]
+    assert "cached from 1 round(s)" in second["line"]
+    assert os.path.isfile(tmp_path / "cache" / "cpu_plans.json")
+    # another CPU kind is another decision
+    other = D.choose_cpu_plan(exports["pir"], files, "fp32", "default", **dict(kwargs, features=INTEL_BF16))
+    assert other["line"] == "cpu plan: fp32 default (the only candidate; nothing to measure)"
+    predictor = D.create_predictor(exports["pir"], "paddle-cpu", "fp32", threads=1, batch_size=2, cpu_variant="auto")
+    assert predictor.plan["notes"][0].startswith("cpu plan: fp32 ")
+    assert predictor.plan["cpu_variant"] == predictor.plan["cpu_choice"]["cpu_variant"]
