@@ -1,10 +1,12 @@
 import os
 import sys
 
-os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+# Before any test module loads paddle: ppdlx decides MKL's vendor switch from the CPU it runs on.
+import ppdlx  # noqa: E402,F401
 
 import pytest  # noqa: E402
 
