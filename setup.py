@@ -26,6 +26,8 @@ setup(
         "dali": ["nvidia-dali-cuda120"],  # DALI's build for CUDA 12.x (its CPU pipelines need no GPU)
         "onnx": ["paddle2onnx", "onnxruntime"],
         "coco": ["pycocotools"],
-        "test": ["pytest", "pycocotools", "paddle2onnx", "onnxruntime", "nvidia-dali-cuda120"],
+        # figures (curves.png, confusion.png, ...; ppdlx.analysis): training and every report work without it
+        "plot": ["matplotlib"],
+        "test": ["pytest", "pycocotools", "paddle2onnx", "onnxruntime", "nvidia-dali-cuda120", "matplotlib"],
     },
 )

@@ -1,0 +1,178 @@
+"""``check_data(cfg) -> DataReport``: what the configured train/val data hold, and whether they can train.
+
+``DataReport.problems`` are the reasons training cannot run on the data (it would stop, or learn nothing of a
+class): a split that is missing or has no images, a training class without images, train/val classes that
+differ, ``model.num_classes`` that disagrees with the data, files the configured loader stops on, a split of
+which no image decodes. ``warnings`` are what training survives but a person should know: unreadable files
+the loader skips, val images identical to training images, a val class without images, invalid annotations
+left out, image sizes that differ from the json.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from ppdlx.analysis.coco_scan import scan_coco_split
+from ppdlx.analysis.data_scan import SplitReport, cross_split_duplicates, scan_image_folder_split
+from ppdlx.analysis.data_text import as_dict, markdown, split_line, summary_text
+from ppdlx.analysis.tables import write_text
+from ppdlx.errors import DataError
+
+log = logging.getLogger("ppdlx.analysis")
+SHOWN = 5  # names listed in a one-line message before "..."
+
+
+def _count(n: int, noun: str, plural: str = "") -> str:
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def _names(items) -> str:
+    items = list(items)
+    more = f" and {len(items) - SHOWN} more" if len(items) > SHOWN else ""
+    return ", ".join(repr(i) for i in items[:SHOWN]) + more
+
+
+@dataclass
+class DataReport:
+    task: str                                     # "classification" | "detection"
+    splits: dict                                  # "train" / "val" -> SplitReport
+    duplicates: list = field(default_factory=list)  # (val path, identical train path)
+    problems: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+    config: str = ""
+    hashed: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def raise_if_unusable(self) -> None:
+        """``DataError`` with every problem on one line, if there is any."""
+        if self.problems:
+            raise DataError("; ".join(self.problems))
+
+    def table(self) -> str:
+        return summary_text(self)
+
+    def to_markdown(self, samples_png: str | None = None) -> str:
+        return markdown(self, samples_png)
+
+    def to_dict(self) -> dict:
+        return as_dict(self)
+
+    def write(self, out_dir: str, samples: int = 8, figures: bool = True) -> dict:
+        """``data_report.md`` and (with matplotlib) ``data_samples.png`` in ``out_dir``; returns their paths."""
+        os.makedirs(out_dir, exist_ok=True)
+        written = {}
+        if figures:
+            from ppdlx.analysis.data_figures import write_data_samples
+            written["data_samples.png"] = write_data_samples(self, os.path.join(out_dir, "data_samples.png"),
+                                                             samples)
+        written["data_report.md"] = write_text(
+            os.path.join(out_dir, "data_report.md"),
+            self.to_markdown("data_samples.png" if "data_samples.png" in written else None))
+        return written
+
+
+def check_data(cfg, decode: bool = True, hash_files: bool = True, config_path: str = "") -> DataReport:
+    """Scan ``cfg.data``'s train and val splits. ``decode=False, hash_files=False`` only walks directories and
+    reads annotations (seconds even for ImageNet): what a start-of-training check can afford."""
+    data = cfg.data
+    if data.dataset == "coco":
+        from ppdlx.data.coco import coco_paths
+        splits = {}
+        for split in ("train", "val"):
+            json_path, image_dir = coco_paths(cfg, split)
+            splits[split] = scan_coco_split(json_path, image_dir, split, data.backend, decode, hash_files)
+        report = DataReport("detection", splits, config=config_path, hashed=hash_files)
+    else:
+        splits = {name: scan_image_folder_split(data.root, folder, name, data.backend, decode, hash_files)
+                  for name, folder in (("train", data.train_split), ("val", data.val_split))}
+        report = DataReport("classification", splits, config=config_path, hashed=hash_files)
+    report.duplicates = cross_split_duplicates(splits["train"], splits["val"])
+    _judge(report, cfg)
+    return report
+
+
+def check_before_training(cfg) -> DataReport:
+    """The start-of-training check: a directory walk and the annotations, no decoding or hashing. Logs one line
+    per split and each warning; ``DataError`` (one line) when the data cannot train. Call it on every rank:
+    a rank that stopped alone would leave the others waiting."""
+    report = check_data(cfg, decode=False, hash_files=False)
+    for split in report.splits.values():
+        log.info("data: %s", split_line(report, split))
+    for warning in report.warnings:
+        log.warning("data: %s", warning)
+    report.raise_if_unusable()
+    return report
+
+
+def _stops_on_unreadable(cfg) -> bool:
+    """Whether the configured loader stops (instead of skipping) at a file it cannot decode."""
+    if cfg.data.backend != "dali":
+        return False
+    return cfg.data.dataset == "coco" or cfg.data.dali.corrupt_files == "error"
+
+
+def _judge(report: DataReport, cfg) -> None:
+    train, val = report.splits["train"], report.splits["val"]
+    kind, plural = ("category", "categories") if report.task == "detection" else ("class", "classes")
+    has = "boxes" if report.task == "detection" else "images"
+    for split in (train, val):
+        if split.error:
+            report.problems.append(split.error)
+            continue
+        empty = [c for c, n in zip(split.classes, split.class_counts) if n == 0]
+        if empty:
+            where = report.problems if split is train else report.warnings
+            where.append(f"{split.source}: {_count(len(empty), kind, plural)} without {has} "
+                         f"({_names(empty)})")
+        _judge_files(report, split, cfg)
+    if train.classes and val.classes and not train.error and not val.error:
+        if report.task == "detection" and train.cat_ids != val.cat_ids:
+            report.problems.append(f"category ids differ between {train.source} {train.cat_ids[:10]} and "
+                                   f"{val.source} {val.cat_ids[:10]}; both splits must list the same categories")
+        elif train.classes != val.classes:
+            only_train = [c for c in train.classes if c not in val.classes]
+            only_val = [c for c in val.classes if c not in train.classes]
+            report.problems.append(f"{kind} names differ between {train.source} and {val.source}: only in train "
+                                   f"[{_names(only_train)}], only in val [{_names(only_val)}]")
+    if train.classes and not train.error and cfg.model.num_classes != len(train.classes):
+        report.problems.append(f"model.num_classes={cfg.model.num_classes} but {train.source} has "
+                               f"{len(train.classes)} {plural}; set model.num_classes={len(train.classes)}")
+    if report.duplicates:
+        val_path, train_path = report.duplicates[0]
+        report.warnings.append(f"{_count(len(report.duplicates), 'val image')} byte-identical to a training image "
+                               f"(first: {val_path} = {train_path}); val scores overstate generalisation")
+    if cfg.data.backend == "synthetic" and report.problems:
+        # synthetic batches read no files: what is wrong with data.root cannot stop training
+        report.warnings += [f"(data.backend=synthetic, not used) {p}" for p in report.problems]
+        report.problems = []
+
+
+def _judge_files(report: DataReport, split: SplitReport, cfg) -> None:
+    if split.images and split.decoder and len(split.unreadable) == split.images:
+        report.problems.append(f"{split.source}: none of the {split.images} images can be decoded "
+                               f"({split.decoder}; first: {split.unreadable[0][0]})")
+    elif split.unreadable:
+        files = _count(len(split.unreadable), "file")
+        first = f"first: {split.unreadable[0][0]}: {split.unreadable[0][1]}"
+        if _stops_on_unreadable(cfg):
+            report.problems.append(f"{split.source}: {files} cannot be decoded and the data.backend=dali loader "
+                                   f"stops on them ({first}); delete or replace them")
+        else:
+            report.warnings.append(f"{split.source}: {files} cannot be decoded; the loader skips them ({first})")
+    if split.invalid:
+        ann_id, image_id, _, reason = split.invalid[0]
+        entries = _count(len(split.invalid), "invalid annotation/image", "invalid annotations/images")
+        msg = f"{split.source}: {entries} (first: annotation id {ann_id}, image id {image_id}: {reason})"
+        if cfg.data.coco.invalid == "error":
+            report.problems.append(msg + "; data.coco.invalid=error stops on them")
+        else:
+            report.warnings.append(msg + "; left out (data.coco.invalid=skip)")
+    if split.size_mismatch:
+        path, expected, decoded = split.size_mismatch[0]
+        report.warnings.append(f"{split.source}: {_count(len(split.size_mismatch), 'image')} of another size than "
+                               f"the json says (first: {path}: json {expected[0]}x{expected[1]}, file "
+                               f"{decoded[0]}x{decoded[1]}); their boxes are likely wrong")
