@@ -11,7 +11,11 @@ setup(
     version="0.1.0",
     description="PaddlePaddle-native training, 2:4 sparsity, export and deployment of ResNet50 v1.5, "
                 "GPUNet and EfficientDet-D0",
-    packages=find_packages(include=["ppdlx", "ppdlx.*"]),
+    # ppdlx_deploy (deploy/python) ships too, so an installed ppdlx can serve and benchmark its exports; it imports
+    # no ppdlx and stays runnable from a bare deploy/ copy.
+    packages=find_packages(include=["ppdlx", "ppdlx.*"]) + ["ppdlx_deploy"],
+    package_dir={"ppdlx_deploy": "deploy/python/ppdlx_deploy"},
+    entry_points={"console_scripts": ["ppdlx-deploy-infer = ppdlx_deploy.cli:run"]},
     package_data={"ppdlx": ["models/gpunet_archs/*.json", "ops/*.cc"]},
     python_requires=">=3.9",
     install_requires=[

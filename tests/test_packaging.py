@@ -175,13 +175,16 @@ def test_wheel_requires_no_paddle_and_offers_the_cpu_pin(wheel):
 
 def test_wheel_ships_every_module_and_data_file(wheel):
     with zipfile.ZipFile(wheel) as zf:
-        shipped = {n for n in zf.namelist() if n.startswith("ppdlx/")}
+        shipped = {n for n in zf.namelist() if n.startswith(("ppdlx/", "ppdlx_deploy/"))}
     in_checkout = set()
-    for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, "ppdlx")):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-        rel = os.path.relpath(dirpath, ROOT).replace(os.sep, "/")
-        in_checkout |= {f"{rel}/{f}" for f in filenames if f.endswith((".py", ".cc", ".json"))}
+    for package, source in (("ppdlx", "ppdlx"), ("ppdlx_deploy", "deploy/python/ppdlx_deploy")):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, source)):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            sub = os.path.relpath(dirpath, os.path.join(ROOT, source)).replace(os.sep, "/")
+            rel = package if sub == "." else f"{package}/{sub}"
+            in_checkout |= {f"{rel}/{f}" for f in filenames if f.endswith((".py", ".cc", ".json"))}
     assert in_checkout - shipped == set()
+    assert "ppdlx_deploy/cli.py" in shipped
     assert {"ppdlx/engine/run.py", "ppdlx/models/detection/__init__.py", "ppdlx/ops/onednn_kernels.cc",
             "ppdlx/models/gpunet_archs/gpunet_0.json"} <= shipped
 
