@@ -1,30 +1,109 @@
-"""Detect objects in an image with a trained detection checkpoint and save a PNG with the boxes.
+"""Predict with a checkpoint (trained, or converted by tools/convert_weights.py) on the dynamic model.
 
+    python tools/infer.py -o model.name=efficientnet_lite0 model.weights=w/lite0 --image photos/ --labels names.txt
     python tools/infer.py -c configs/demo/efficientdet_demo.yaml \
         -o model.weights=output/efficientdet_demo/best --image some.jpg --output out.png
 
-Uses the dynamic model + weights (the exported-model path is deploy/'s). Prints one line per
-box (class, score, x1 y1 x2 y2 in image pixels). Class names: classes.json next to the weights
-(written by training), else the config's COCO json categories.
+The model's ``default_cfg["task"]`` picks what is predicted (the exported-model path is deploy/'s).
+
+Classification: ``--image`` is an image file or a folder of images. Prints the top-k classes with
+their softmax scores for each image. Pre-processing (``--preprocess``): ``model`` = the model's
+``default_cfg`` (what published weights expect), ``config`` = the config's ``data.transforms`` (what
+training used); ``auto`` (default) = ``config`` when ``-c`` is given, else ``model``. Class names:
+``--labels FILE`` (one per line, line k = class k), else the config's training folders
+(``data.root/<train_split>``), else ``class <k>``.
+
+Detection: one image. Prints one line per box (class, score, x1 y1 x2 y2 in image pixels) and saves
+a PNG with the boxes. Class names: classes.json next to the weights (written by training), else the
+config's COCO json categories.
 """
 import os
 
 from _cli import config_parser, load, run, write_report
 
 
-def main():
-    p = config_parser(__doc__)
-    p.add_argument("--image", required=True, help="input image file")
-    p.add_argument("--output", help="PNG to write (default: <image stem>_det.png next to the input)")
-    p.add_argument("--score-threshold", type=float, default=0.3, help="draw boxes with at least this score")
-    p.add_argument("--nms", choices=["hard", "soft"], default="hard",
-                   help="hard = the exported model's per-class NMS; soft = the COCO-eval soft-NMS")
-    args = p.parse_args()
-    cfg = load(args)
-    from ppdlx.engine.builders import resolve_device
+def image_paths(path):
+    """``path`` itself, or the images directly inside the folder ``path`` (sorted by name)."""
+    from ppdlx.data.image_folder import IMAGE_EXTENSIONS
+    from ppdlx.errors import DataError
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise DataError(f"--image {path}: no such image file or folder")
+    found = sorted(os.path.join(path, f) for f in os.listdir(path) if f.lower().endswith(IMAGE_EXTENSIONS))
+    if not found:
+        raise DataError(f"--image {path}: no images with extensions {', '.join(IMAGE_EXTENSIONS)} in the folder")
+    return found
+
+
+def read_rgb(path):
+    from PIL import Image, UnidentifiedImageError
+
+    from ppdlx.errors import DataError
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGB")
+    except (UnidentifiedImageError, OSError) as err:
+        raise DataError(f"{path}: not a readable image ({err})") from None
+
+
+def classify(args, cfg, model):
+    import numpy as np
     import paddle
-    paddle.set_device(resolve_device(cfg.global_.device))
+
+    from ppdlx.data.transforms import EvalTransform
+    from ppdlx.engine.checkpoint import load_weights
+    from ppdlx.errors import ConfigError
+    from ppdlx.export import labels_from_data, read_labels
+    from ppdlx.models.model_cfg import eval_transforms_changes
+    if not cfg.model.weights:
+        raise ConfigError("model.weights is not set: pass -o model.weights=<checkpoint prefix>")
+    num_classes = cfg.model.num_classes
+    names = read_labels(args.labels, num_classes) if args.labels else labels_from_data(cfg)
+    names = names or [f"class {k}" for k in range(num_classes)]
+    paths = image_paths(args.image)
+    missing = load_weights(model, cfg.model.weights)
+    if missing:
+        raise ConfigError(f"model.weights={cfg.model.weights}: {len(missing)} model parameters are not in the file "
+                          f"(e.g. '{missing[0]}'), so predictions would use random values")
+    model.eval()
+    source = args.preprocess if args.preprocess != "auto" else ("config" if args.config else "model")
+    if source == "model":
+        cfg = cfg.replace(eval_transforms_changes(model.default_cfg))
+    t = cfg.data.transforms
+    transform = EvalTransform(t, cfg.model.data_format)
+    preprocess = {"source": "model default_cfg" if source == "model" else "config data.transforms",
+                  "resize_short": t.resize_short, "crop_size": t.crop_size, "interpolation": t.interpolation,
+                  "mean": list(t.mean), "std": list(t.std)}
+    print(f"preprocess ({preprocess['source']}): shorter side {t.resize_short} ({t.interpolation}), centre crop "
+          f"{t.crop_size}, (pixel - {list(t.mean)}) / {list(t.std)}")
+    k = min(args.top_k, num_classes)
+    predictions = []
+    for start in range(0, len(paths), args.batch_size):
+        chunk = paths[start:start + args.batch_size]
+        batch = np.stack([transform(read_rgb(p)) for p in chunk])
+        with paddle.no_grad():
+            probs = paddle.nn.functional.softmax(model(paddle.to_tensor(batch)), axis=-1).numpy()
+        for path, p in zip(chunk, probs):
+            top = np.argsort(-p, kind="stable")[:k]
+            rows = [{"class_index": int(c), "class": names[int(c)], "score": round(float(p[c]), 6)} for c in top]
+            predictions.append({"image": path, "top": rows})
+            print(path)
+            for r in rows:
+                print(f"  {r['score']:.4f}  {r['class_index']:>5d}  {r['class']}")
+    print(f"{len(paths)} images, top-{k} of {num_classes} classes")
+    write_report(args.report, {"task": "classification", "model": cfg.model.name, "weights": cfg.model.weights,
+                               "preprocess": preprocess, "predictions": predictions})
+
+
+def detect(args, cfg):
     from ppdlx.engine.detect_image import Detector, draw_detections
+    from ppdlx.errors import ConfigError
+    if args.labels:
+        raise ConfigError("--labels is for classification: detection names come from classes.json next to the "
+                          "weights or the config's COCO json")
+    if os.path.isdir(args.image):
+        raise ConfigError(f"--image {args.image}: detection takes one image file, not a folder")
     det = Detector(cfg, nms=args.nms, score_threshold=args.score_threshold)
     image, boxes, scores, classes = det.detect(args.image)
     out = args.output or os.path.splitext(args.image)[0] + "_det.png"
@@ -38,6 +117,35 @@ def main():
         print(f"{name:>12s} {s:.3f}  {b[0]:.1f} {b[1]:.1f} {b[2]:.1f} {b[3]:.1f}")
     print(f"{len(rows)} boxes with score >= {args.score_threshold} -> {out}")
     write_report(args.report, {"image": args.image, "output": out, "detections": rows})
+
+
+def main():
+    p = config_parser(__doc__, config_required=False)
+    p.add_argument("--image", required=True, help="input image file (classification: or a folder of images)")
+    p.add_argument("--top-k", type=int, default=5, help="classification: classes to print per image")
+    p.add_argument("--labels", help="classification: class names, one per line (line k = class k)")
+    p.add_argument("--preprocess", choices=("auto", "model", "config"), default="auto",
+                   help="classification: the model's default_cfg or the config's data.transforms "
+                        "(auto: config when -c is given)")
+    p.add_argument("--batch-size", type=int, default=8, help="classification: images per forward pass")
+    p.add_argument("--output", help="detection: PNG to write (default: <image stem>_det.png next to the input)")
+    p.add_argument("--score-threshold", type=float, default=0.3, help="detection: draw boxes with at least this score")
+    p.add_argument("--nms", choices=["hard", "soft"], default="hard",
+                   help="detection: hard = the exported model's per-class NMS; soft = the COCO-eval soft-NMS")
+    args = p.parse_args()
+    cfg = load(args)
+    from ppdlx.errors import ConfigError
+    if args.top_k < 1 or args.batch_size < 1:
+        raise ConfigError(f"--top-k {args.top_k} / --batch-size {args.batch_size}: both must be at least 1")
+    import paddle
+
+    from ppdlx.engine.builders import build_model, resolve_device
+    paddle.set_device(resolve_device(cfg.global_.device))
+    model = build_model(cfg)
+    if model.default_cfg["task"] == "classification":
+        return classify(args, cfg, model)
+    del model  # the detector builds its own at data.coco.image_size
+    return detect(args, cfg)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
 ``python tools/model_info.py -c configs/gpunet/gpunet_0.yaml [--report info.json] [--resolution R]``
 
-The resolution is ``data.transforms.crop_size`` (``data.coco.image_size`` for detection), or
-``--resolution``. Report JSON: ``{"model", "params", "macs", "resolution", "output_shape",
-"layers": [{"name", "type", "out_shape"}, ...]}`` (see ``ppdlx.models.info``).
+The resolution is ``--resolution``, else ``data.transforms.crop_size``, or ``data.coco.image_size``
+when the model's ``default_cfg["task"]`` is detection. Report JSON: ``{"model", "params", "macs",
+"resolution", "output_shape", "layers": [{"name", "type", "out_shape"}, ...]}`` (see ``ppdlx.models.info``).
 """
 from _cli import config_parser, load, run, write_report
 
@@ -15,18 +15,17 @@ def main():
     parser.add_argument("--max-layers", type=int, default=None, help="print at most this many layer rows")
     args = parser.parse_args()
     cfg = load(args)
-    import inspect
-
     from ppdlx.engine.builders import build_model
     from ppdlx.errors import ConfigError
     from ppdlx.models.info import config_resolution, model_info
-    from ppdlx.registry import MODELS
-    resolution = args.resolution or config_resolution(cfg)
-    if resolution < 8:
-        raise ConfigError(f"--resolution {resolution}: must be at least 8")
-    if "image_size" in inspect.signature(MODELS.get(cfg.model.name)).parameters:  # detection: fixed input size
-        cfg.model.args = {**cfg.model.args, "image_size": resolution}
+    if args.resolution is not None and args.resolution < 8:
+        raise ConfigError(f"--resolution {args.resolution}: must be at least 8")
     model = build_model(cfg)
+    resolution = args.resolution or config_resolution(cfg, model.default_cfg)
+    if model.default_cfg["task"] == "detection" and model.default_cfg["input_size"][1] != resolution:
+        # a detection model is built for one input size (its anchors)
+        cfg = cfg.replace({"model.args": {**cfg.model.args, "image_size": resolution}})
+        model = build_model(cfg)
     info = {"model": cfg.model.name, **model_info(model, resolution, cfg.model.data_format)}
     rows = info["layers"] if args.max_layers is None else info["layers"][:args.max_layers]
     width = max([len(r["name"]) for r in rows] + [4])

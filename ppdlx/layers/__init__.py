@@ -1,6 +1,6 @@
 """Building blocks every model family shares (the timm layout: ``create_act``, ``ConvNormAct``, ...).
 
-* ``create_act(name)``: ``relu``, ``swish``/``silu``, ``sigmoid``, or ``None``/``"none"`` (identity).
+* ``create_act(name)``: ``relu``, ``relu6``, ``swish``/``silu``, ``sigmoid``, or ``None``/``"none"`` (identity).
 * ``BatchNormAct2D``: ``paddle.nn.BatchNorm2D`` followed by its activation. The activation has no
   parameters, so a block's state_dict keys (``bn.weight``, ``bn._mean``, ...) are those of a plain
   BatchNorm; knowing what follows the normalisation is what lets ``ppdlx.engine.cpu_kernels`` fuse it.

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import paddle.nn as nn
 
-_ACTIVATIONS = {"relu": nn.ReLU, "swish": nn.Silu, "silu": nn.Silu, "sigmoid": nn.Sigmoid}
+_ACTIVATIONS = {"relu": nn.ReLU, "relu6": nn.ReLU6, "swish": nn.Silu, "silu": nn.Silu, "sigmoid": nn.Sigmoid}
 
 
 def create_act(name):

@@ -99,8 +99,9 @@ def model_info(model, resolution: int, data_format: str = "NCHW", in_channels: i
             "output_shape": _shapes(output), "layers": layers}
 
 
-def config_resolution(cfg) -> int:
-    """The input size a config trains at: ``data.coco.image_size`` for detection, else ``crop_size``."""
-    if cfg.data.dataset == "coco" and getattr(cfg.data, "coco", None) is not None:
+def config_resolution(cfg, default_cfg: dict) -> int:
+    """The input size a config runs the model at, by the model's task (``default_cfg["task"]``):
+    ``data.coco.image_size`` for a detection model, else ``data.transforms.crop_size``."""
+    if default_cfg["task"] == "detection":
         return int(cfg.data.coco.image_size)
     return int(cfg.data.transforms.crop_size)

@@ -75,7 +75,7 @@ def test_images_hand_over_like_classification(shapes):
     import paddle
 
     from ppdlx.data import dali, dali_coco
-    from ppdlx.models.layers import ConvBNAct
+    from ppdlx.layers import ConvNormAct as ConvBNAct
     loader = build_coco_loader(_cfg(shapes, "data.backend=dali"), "val")
     images = loader._build(loader._order()).run()[0]
     dense = paddle.framework.core.from_dlpack(images.as_tensor().__dlpack__())

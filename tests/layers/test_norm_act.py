@@ -31,14 +31,15 @@ def test_conv_norm_act_layout_and_zero_init():
 
 
 def test_create_act():
-    assert [type(create_act(n)).__name__ for n in ("relu", "swish", "silu", "sigmoid", None, "none")] == [
-        "ReLU", "Silu", "Silu", "Sigmoid", "Identity", "Identity"]
+    assert [type(create_act(n)).__name__ for n in ("relu", "relu6", "swish", "silu", "sigmoid", None, "none")] == [
+        "ReLU", "ReLU6", "Silu", "Silu", "Sigmoid", "Identity", "Identity"]
+    np.testing.assert_array_equal(create_act("relu6")(paddle.to_tensor([-1.0, 3.0, 6.5])).numpy(), [0.0, 3.0, 6.0])
     with pytest.raises(ValueError, match="unknown activation 'gelu'"):
         create_act("gelu")
 
 
 @pytest.mark.parametrize("name", ["resnet18_bottleneck_tiny", "gpunet_0", "gpunet_d1", "efficientnet_b0",
-                                  "efficientdet_d0"])
+                                  "efficientnet_lite0", "efficientdet_d0"])
 def test_every_batch_norm_of_every_family_knows_its_activation(name):
     model = MODELS.build(name)
     norms = [layer for layer in model.sublayers() if isinstance(layer, paddle.nn.layer.norm._BatchNormBase)]

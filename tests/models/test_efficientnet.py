@@ -1,6 +1,7 @@
 import numpy as np
 import paddle
 
+from ppdlx.layers import BatchNormAct2D
 from ppdlx.models import MODELS
 from ppdlx.models.efficientnet import EfficientNet, efficientnet_b0
 
@@ -45,3 +46,22 @@ def test_nhwc_matches_nchw_with_shared_weights():
     with paddle.no_grad():
         diff = (a(x) - b(x.transpose([0, 2, 3, 1]))).abs().max()
     assert float(diff) < 1e-4
+
+
+def test_lite0_is_b0_without_squeeze_excite_with_relu6_and_fixed_stem_and_head():
+    paddle.seed(0)
+    lite = MODELS.build("efficientnet_lite0")
+    b0 = MODELS.build("efficientnet_b0")
+    assert _trainable(lite) == 4_652_008  # TF EfficientNet-Lite0
+    assert not [name for name, _ in lite.named_sublayers() if name.endswith(".se")]
+    assert all(block.se is None for stage in lite.stages for block in stage)
+    lite_keys = {k: v.shape for k, v in lite.state_dict().items()}
+    b0_keys = {k: v.shape for k, v in b0.state_dict().items() if ".se." not in k}
+    assert lite_keys == b0_keys  # same stage table, stem 32 and head 1280 channels
+    assert lite.stem.conv.weight.shape == [32, 3, 3, 3] and lite.head.conv.weight.shape == [1280, 320, 1, 1]
+    acts = [type(layer.act).__name__ for layer in lite.sublayers() if isinstance(layer, BatchNormAct2D)]
+    assert set(acts) == {"ReLU6", "Identity"} and acts.count("Identity") == 16  # every block's projection
+    assert not any(isinstance(layer, paddle.nn.Silu) for layer in lite.sublayers())
+    lite.eval()
+    with paddle.no_grad():
+        assert lite(paddle.randn([1, 3, 64, 64])).shape == [1, 1000]

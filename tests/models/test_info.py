@@ -8,7 +8,9 @@ import paddle
 import pytest
 
 import ppdlx.models  # noqa: F401
-from ppdlx.models.info import count_params, model_info
+from ppdlx.config import load_config
+from ppdlx.models.info import config_resolution, count_params, model_info
+from ppdlx.models.model_cfg import classification_cfg, detection_cfg
 from ppdlx.registry import MODELS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -83,3 +85,21 @@ def test_cli_report_and_one_line_user_json_error(tmp_path):
     lines = [line for line in proc.stderr.strip().splitlines() if not line.lstrip().startswith(("warnings.warn", "/"))]
     assert lines == [f"error: {bad}: entry 2: unknown layer_type 'blob' (known: head, conv, irb, fused_irb, tail)"]
     assert "Traceback" not in proc.stderr
+
+
+def test_config_resolution_follows_the_models_task_not_the_dataset_name():
+    detector, classifier = detection_cfg(512, "bilinear", "head"), classification_cfg(224, 0.875, "bicubic", "fc")
+    for dataset in ("image_folder", "coco"):
+        cfg = load_config(None, [f"data.dataset={dataset}", "data.coco.image_size=128", "data.transforms.crop_size=96"])
+        assert (config_resolution(cfg, detector), config_resolution(cfg, classifier)) == (128, 96), dataset
+
+
+def test_cli_builds_a_detection_model_at_the_coco_image_size(tmp_path):
+    report = tmp_path / "info.json"
+    proc = _tool("-o", "model.name=efficientdet_d0", "model.num_classes=3", "data.coco.image_size=128",
+                 "--report", str(report), "--max-layers", "1")  # the base config's data.dataset is image_folder
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(report.read_text())
+    assert data["resolution"] == 128 and [s[2] for s in data["output_shape"][0]] == [16, 8, 4, 2, 1]
+    assert data["params"] == 3_829_172 and data["macs"] == 139_270_528
+    assert "at 128x128" in proc.stdout.strip().splitlines()[-1]

@@ -9,16 +9,17 @@ import pytest
 from ppdlx.config import load_config
 from ppdlx.errors import ConfigError
 from ppdlx.models import MODELS
-from ppdlx.models.model_cfg import IMAGENET_MEAN, IMAGENET_STD
+from ppdlx.models.model_cfg import IMAGENET_MEAN, IMAGENET_STD, eval_transforms_changes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAMES = sorted(set(MODELS.names()) - {"gpunet_json"})
 
-# name: (task, input size, crop_pct, interpolation, classifier layer)
+# name: (task, input size, crop_pct, interpolation, classifier layer); mean/std are ImageNet's unless in MEAN_STD
 DEFAULT_CFG = {
     "resnet50": ("classification", 224, 0.875, "bilinear", "fc"),
     "resnet18_bottleneck_tiny": ("classification", 224, 0.875, "bilinear", "fc"),
     "efficientnet_b0": ("classification", 224, 0.875, "bicubic", "fc"),
+    "efficientnet_lite0": ("classification", 224, 0.875, "bicubic", "fc"),
     "gpunet_0": ("classification", 320, 1.0, "bicubic", "network.14.net.6"),
     "gpunet_1": ("classification", 288, 1.0, "bicubic", "network.16.net.6"),
     "gpunet_2": ("classification", 384, 1.0, "bicubic", "network.34.net.6"),
@@ -28,6 +29,8 @@ DEFAULT_CFG = {
     "gpunet_d2": ("classification", 528, 1.0, "bicubic", "network.27.net.8"),
     "efficientdet_d0": ("detection", 512, 1.0, "bilinear", "class_net.predict.pointwise"),
 }
+# TF's EfficientNet-Lite weights are trained on (pixel - 127) / 128
+MEAN_STD = {"efficientnet_lite0": ((127.0, 127.0, 127.0), (128.0, 128.0, 128.0))}
 # The recipe each model's default_cfg must agree with (configs/base/rn50_imagenet.yaml is resnet50's).
 RECIPES = {"resnet50": "configs/base/rn50_imagenet.yaml", "efficientdet_d0": "configs/efficientdet_d0.yaml",
            **{name: f"configs/gpunet/{name}.yaml" for name in NAMES if name.startswith("gpunet_")}}
@@ -54,8 +57,8 @@ def test_default_cfg(name):
     cfg = MODELS.build(name).default_cfg
     assert cfg["task"] == task and cfg["input_size"] == (3, size, size)
     assert cfg["crop_pct"] == crop_pct and cfg["interpolation"] == interpolation
-    assert cfg["mean"] == IMAGENET_MEAN == (123.675, 116.28, 103.53)
-    assert cfg["std"] == IMAGENET_STD == (58.395, 57.12, 57.375)
+    assert IMAGENET_MEAN == (123.675, 116.28, 103.53) and IMAGENET_STD == (58.395, 57.12, 57.375)
+    assert (cfg["mean"], cfg["std"]) == MEAN_STD.get(name, (IMAGENET_MEAN, IMAGENET_STD))
     assert cfg["classifier"] == classifier
     if task == "detection":
         assert (cfg["preprocess"], cfg["pad_value"]) == ("resize_long_pad", 0.0)
@@ -75,6 +78,21 @@ def test_default_cfg_is_what_the_training_recipe_uses(name):
     assert t.interpolation == default["interpolation"]
     if default["task"] == "classification":
         assert t.resize_short == int(np.floor(t.crop_size / default["crop_pct"] + 1e-6))
+
+
+@pytest.mark.parametrize("name", ["efficientnet_lite0", "gpunet_0"])
+def test_eval_transforms_from_default_cfg(name):
+    default = MODELS.build(name).default_cfg
+    t = load_config(None).replace(eval_transforms_changes(default)).data.transforms
+    size = default["input_size"][1]
+    assert (t.crop_size, t.interpolation, tuple(t.mean), tuple(t.std)) == (size, "bicubic", default["mean"],
+                                                                          default["std"])
+    assert t.resize_short == {"efficientnet_lite0": 256, "gpunet_0": 320}[name]
+
+
+def test_eval_transforms_refuse_a_detection_model():
+    with pytest.raises(ConfigError, match="a detection model's pre-processing is resize_long_pad"):
+        eval_transforms_changes(MODELS.build("efficientdet_d0", image_size=64).default_cfg)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -16,6 +16,7 @@ from ppdlx.models import MODELS
 EXPECTED = {
     "efficientdet_d0": (676, "0311e5207114dea870084c1b4c5e9d5d", "547d0b7c4ffdc2a1c5a19041592f7868"),
     "efficientnet_b0": (311, "932dabe2bd475abd759f8c7760af7c42", "408faf4f9629ba2a25a9ca7a3053fdc4"),
+    "efficientnet_lite0": (247, "16fca6ea4b7486c3b87b2615544a75a8", "5ff0b6a4f21d37a63f42cd6b6e27ed70"),
     "gpunet_0": (155, "aca32c74a240781116e72142b25ff86e", "41b7a6552f605a6241952b7c1a9dc0a3"),
     "gpunet_1": (212, "db40f254fb7f6dd145944c0e55becac7", "5ab6505203def1734d1261cbcecd71c2"),
     "gpunet_2": (478, "58e4995d3ee20e2a0e35d9d6be5809ed", "1c920a4f4450365ef23da968dc446649"),

@@ -7,7 +7,7 @@ import pytest
 
 from ppdlx.engine.cpu_kernels import use_fast_cpu_kernels
 from ppdlx.models import MODELS
-from ppdlx.models.layers import ConvBNAct
+from ppdlx.layers import ConvNormAct as ConvBNAct
 from ppdlx.ops import onednn
 
 CASES = [  # in, out, kernel, stride, padding, groups, dilation
