@@ -134,3 +134,13 @@ def test_auto_plan_is_measured_in_workers_once_then_cached(exports, tmp_path, mo
     predictor = D.create_predictor(exports["pir"], "paddle-cpu", "fp32", threads=1, batch_size=2, cpu_variant="auto")
     assert predictor.plan["notes"][0].startswith("cpu plan: fp32 ")
     assert predictor.plan["cpu_variant"] == predictor.plan["cpu_choice"]["cpu_variant"]
+
+
+def test_int8_plan_passes_the_calibrated_op_list_and_refuses_a_pir_program(tmp_path):
+    meta = {"precision": "int8", "quantization": {"onednn_int8_ops": ["fc", "conv2d", "fused_conv2d"]}}
+    plan = D.build_plan(meta, _files("program", tmp_path), "paddle-cpu", "int8", threads=2, quantized=True,
+                        cpu_flag_set=set(INTEL_BF16["flags"]))
+    assert ("enable_onednn_int8", [["conv2d", "fc", "fused_conv2d"]]) in _calls(plan)
+    with pytest.raises(D.UnsupportedError, match=r"^--backend paddle-cpu --precision int8: a PIR \(.json\) program"):
+        D.build_plan(meta, _files("pir", tmp_path), "paddle-cpu", "int8", threads=2, quantized=True,
+                     cpu_flag_set=set(INTEL_BF16["flags"]))

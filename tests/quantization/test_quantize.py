@@ -181,3 +181,21 @@ def test_calibration_subset_is_spread_over_every_class():
     assert len(picked) == 10 and picked == spread_subset(paths, 10)
     assert {p.split("/")[0] for p in picked} == set("abcde")
     assert spread_subset(paths, 500) == paths
+
+
+def test_deploy_runs_the_int8_export_with_its_op_list_and_auto_picks_int8(int8_export):
+    """deploy/python/infer.py on the int8 export: --precision int8 hands oneDNN the calibrated op list (the
+    default list also quantises pooling, which oneDNN refuses on this graph), and --precision auto runs it in
+    int8 rather than emulating its quantize ops in fp32."""
+    val = os.path.join(int8_export["tree"], "val", sorted(os.listdir(os.path.join(int8_export["tree"], "val")))[0])
+    outputs = {}
+    for precision in ("int8", "auto"):
+        proc = _run([os.path.join("deploy", "python", "infer.py"), "--model-dir", int8_export["dir"], "--input", val,
+                     "--backend", "paddle-cpu", "--precision", precision, "--topk", "1"],
+                    env=dict(os.environ, ONEDNN_VERBOSE="1"))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        lines = proc.stdout.splitlines()
+        convs = [ln for ln in lines if ln.startswith("onednn_verbose") and ",exec," in ln and ",convolution," in ln]
+        assert convs and all("wei:s8" in c for c in convs), (precision, convs[:2])
+        outputs[precision] = [ln for ln in lines if ln.startswith(val)]
+    assert len(outputs["int8"]) >= 10 and outputs["auto"] == outputs["int8"]

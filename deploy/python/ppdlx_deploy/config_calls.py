@@ -27,5 +27,8 @@ def apply_plan(config, calls: Sequence[dict]):
         for key in ("precision_mode", "inference_precision"):
             if key in kwargs:
                 kwargs[key] = getattr(PrecisionType, kwargs[key])
-        getattr(config, name)(*step["args"], **kwargs)
+        args = list(step["args"])
+        if name in ("enable_onednn_int8", "enable_mkldnn_int8") and args:
+            args[0] = set(args[0])  # plans are plain data (lists); pybind takes only a set here
+        getattr(config, name)(*args, **kwargs)
     return config

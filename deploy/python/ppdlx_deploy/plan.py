@@ -126,6 +126,10 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
         if precision == "int8" and not quantized:
             raise UnsupportedError("--backend paddle-cpu --precision int8 needs a quantised (QAT/PTQ) export: "
                                    "this model has no quantize ops")
+        if precision == "int8" and files["format"] != "program":
+            # Paddle Inference's PIR oneDNN passes drop quantize ops and keep no int8 op list: fp32 in disguise.
+            raise UnsupportedError("--backend paddle-cpu --precision int8: a PIR (.json) program runs its quantize "
+                                   "ops in fp32 on oneDNN; quantize a --format program export (tools/quantize.py)")
         if executor not in ("auto", "new"):
             raise DeployError(f"executor {executor!r}: choose auto or new")
         if executor == "new" and files["format"] != "program":
@@ -140,7 +144,11 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
         if precision == "bf16":
             calls.append(plan_call("enable_onednn_bfloat16"))
         if precision == "int8":
-            calls.append(plan_call("enable_onednn_int8"))
+            # The calibration names the ops it quantised; oneDNN's default set also quantises pooling, which
+            # fails on some graphs (an s8 input with a u8 output), so the export's list is passed on.
+            int8_ops = (meta.get("quantization") or {}).get("onednn_int8_ops")
+            calls.append(plan_call("enable_onednn_int8", sorted(int8_ops)) if int8_ops
+                         else plan_call("enable_onednn_int8"))
             if not cpu.has_vnni({"flags": cpu_flags() if cpu_flag_set is None else cpu_flag_set}):
                 notes.append("int8: this CPU has no VNNI (avx512_vnni/avx_vnni/amx_int8), so oneDNN's int8 "
                              "kernels gain little over fp32 here; compare with --precision fp32")

@@ -139,6 +139,11 @@ def create_predictor(model_dir: str, backend: str, precision: str = "fp32", **kw
         if precision not in ("fp32", "auto"):
             raise UnsupportedError(f"--backend onnxruntime --precision {precision}: only fp32 is offered here")
         return OnnxPredictor(model_dir, threads=kwargs.get("threads"), meta=kwargs.get("meta"))
+    if backend == "paddle-cpu" and precision == "auto":
+        meta = kwargs.get("meta") or load_meta(model_dir)
+        kwargs["meta"] = meta
+        if meta.get("precision") == "int8":  # an int8 export run as fp32 only emulates its quantize ops, slowly
+            precision = "int8"
     if backend == "paddle-cpu" and "auto" in (precision, kwargs.get("cpu_variant")):
         from .tuning import choose_cpu_plan
         check_backend_available(backend)
