@@ -53,3 +53,4 @@ DATASETS = Registry("dataset")
 LOSSES = Registry("loss")
 OPTIMIZERS = Registry("optimizer")
 LR_SCHEDULES = Registry("lr schedule")
+TASKS = Registry("task")  # ppdlx.engine.tasks: classification, detection

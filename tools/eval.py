@@ -9,13 +9,10 @@ def main():
     report = evaluate(cfg)
     from ppdlx.engine import dist
     if dist.rank() == 0:
-        if "AP" in report:  # detection
-            print(f"eval: AP {report['AP']:.4f} AP50 {report['AP50']:.4f} AP75 {report['AP75']:.4f} APs "
-                  f"{report['APs']:.4f} APm {report['APm']:.4f} APl {report['APl']:.4f} AR100 {report['AR100']:.4f} "
-                  f"({report['images']} images, {report['seconds']:.1f} s)")
-        else:
-            print(f"eval: top1 {report['top1']:.4f} top5 {report['top5']:.4f} ({report['images']} images, "
-                  f"{report['seconds']:.1f} s)")
+        from ppdlx.engine.tasks import task_of
+        task = task_of(cfg)
+        print(f"eval: {task.format_metrics(report, task.eval_headline)} ({report['images']} images, "
+              f"{report['seconds']:.1f} s)")
         write_report(args.report, report)
 
 

@@ -4,6 +4,7 @@ or check that a checkpoint / exported model follows the pattern.
     python tools/prune_asp.py -c configs/rn50_asp.yaml -o model.weights=output/rn50_amp/latest
     python tools/prune_asp.py --check output/rn50_asp/latest       # checkpoint (.pdparams)
     python tools/prune_asp.py --check output/rn50_asp/inference    # exported model (dir or prefix)
+    python tools/prune_asp.py --check output/rn50_asp/inference/inference.onnx   # its ONNX file
 
 Pruning prints a per-layer density table and the share of parameters and FLOPs (at the
 configured crop size) that became sparse. --check prints the table and exits non-zero
@@ -59,7 +60,7 @@ def prune(args):
     if not cfg.model.weights and not cfg.train.resume:
         raise ConfigError("model.weights is not set: ASP prunes a trained dense model; "
                           "pass -o model.weights=<dense checkpoint prefix> (or train.resume=auto to continue)")
-    cfg.asp.enabled = True
+    cfg = cfg.replace({"asp.enabled": True})
     from ppdlx.engine import dist
     from ppdlx.engine.builders import build_model, count_params
     from ppdlx.engine.run import train

@@ -12,12 +12,10 @@ def main():
     report = train(cfg)
     from ppdlx.engine import dist
     if dist.rank() == 0:
-        if "AP" in report:  # detection
-            print(f"final: AP {report['AP']:.4f} AP50 {report['AP50']:.4f} AP75 {report['AP75']:.4f} "
-                  f"({report.get('images', 0)} val images, {report['epochs']} epochs) -> {report['output_dir']}")
-        else:
-            print(f"final: top1 {report.get('top1', 0.0):.4f} top5 {report.get('top5', 0.0):.4f} "
-                  f"({report.get('images', 0)} val images, {report['epochs']} epochs) -> {report['output_dir']}")
+        from ppdlx.engine.tasks import task_of
+        task = task_of(cfg)
+        print(f"final: {task.format_metrics(report, task.headline)} ({report.get('images', 0)} val images, "
+              f"{report['epochs']} epochs) -> {report['output_dir']}")
         write_report(args.report, report)
 
 

@@ -3,8 +3,8 @@
     python -m ppdlx.benchmarks.graph_modes -c configs/demo/rn50_demo.yaml --steps 10
 
 Each case is a real trainer built from the same config (``data.backend=synthetic``: one fixed
-random batch, so input cost is nil and every mode sees the same tensors): the dynamic
-``Trainer`` (``train.graph=dynamic`` / ``to_static``) and the ``StaticTrainer``. After
+random batch, so input cost is nil and every mode sees the same tensors): the ``Trainer`` with
+the dynamic step (``train.graph=dynamic`` / ``to_static``) or the static program step. After
 ``warmup`` untimed optimizer steps per case (tracing, program building, allocator warm-up),
 the cases are timed interleaved, ``repeats`` times ``steps`` optimizer steps each, and the
 median is reported: this machine is shared and noisy, so ratios within one run are what count.
@@ -34,25 +34,15 @@ def _quiet():
 
 
 def _case_config(cfg, case: str, out_dir: str, n_steps: int):
-    c = cfg.model_copy(deep=True)
-    c.train.graph = case
-    c.data.backend = "synthetic"
-    c.data.synthetic.num_images = c.data.batch_size * c.train.accumulate * max(n_steps, 1)
-    c.train.epochs = 1
-    c.train.resume = None
-    c.ema.enabled = False
-    c.global_.output_dir = os.path.join(out_dir, case)
-    c.global_.log_interval = 10 ** 6
-    return c
+    return cfg.replace({"train.graph": case, "data.backend": "synthetic", "train.epochs": 1, "train.resume": None,
+                        "data.synthetic.num_images": cfg.data.batch_size * cfg.train.accumulate * max(n_steps, 1),
+                        "ema.enabled": False, "global.output_dir": os.path.join(out_dir, case),
+                        "global.log_interval": 10 ** 6})
 
 
 def _build(cfg):
-    if cfg.train.graph == "static":
-        from ppdlx.engine.static_trainer import build_static_training
-        trainer = build_static_training(cfg)
-    else:
-        from ppdlx.engine.run import build_training
-        trainer = build_training(cfg)
+    from ppdlx.engine.run import build_training
+    trainer = build_training(cfg)
     logging.getLogger("ppdlx").setLevel(logging.WARNING)
     return trainer
 
@@ -84,7 +74,7 @@ def graph_mode_rows(cfg, steps: int, warmup: int, repeats: int = 3, cases=CASES)
             for case in cases:
                 times[case].append(_timed_steps(trainers[case], steps))
         for trainer in trainers.values():
-            trainer.logger.close()
+            trainer.call_hooks("after_train")
     rows = []
     for case in cases:
         t = trainers[case]

@@ -143,8 +143,7 @@ def _loader_cases(args):
     loaders = {}
     for split in splits:
         for backend in backends:
-            c = cfg.model_copy(deep=True)
-            c.data.backend = backend
+            c = cfg.replace({"data.backend": backend})
             loaders[(split, backend)] = build_classification_loader(c, split, 0, 1, batch_size=args.batch_size)
     return cfg, counts, loaders
 
@@ -272,16 +271,13 @@ def _run_e2e(args, notes):
     trainers = {}
     steps = None
     for backend in ("dali", "paddle", "synthetic"):
-        c = cfg.model_copy(deep=True)
-        c.data.backend = backend
-        c.global_.output_dir = os.path.join(tmp, backend)
-        c.global_.log_interval = 10 ** 6
+        changes = {"data.backend": backend, "global.output_dir": os.path.join(tmp, backend),
+                   "global.log_interval": 10 ** 6}
         if steps is not None:
-            c.data.synthetic.num_images = steps * c.data.batch_size
-            c.train.steps_per_epoch = steps
+            changes.update({"data.synthetic.num_images": steps * cfg.data.batch_size, "train.steps_per_epoch": steps})
         elif args.e2e_steps:
-            c.train.steps_per_epoch = args.e2e_steps
-        trainer = build_training(c)
+            changes["train.steps_per_epoch"] = args.e2e_steps
+        trainer = build_training(cfg.replace(changes))
         trainer.train_loader = _TimedLoader(trainer.train_loader)
         trainers[backend] = trainer
         if steps is None:

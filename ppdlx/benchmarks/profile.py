@@ -44,7 +44,7 @@ def _child(config, overrides, steps, warmup, top):
     from ppdlx.config import load_config
     cfg = load_config(config, ["data.backend=synthetic", "global.log_interval=1000000", "ema.enabled=false",
                                *overrides])
-    cfg.global_.output_dir = cfg.global_.output_dir.rstrip("/") + "_profile"
+    cfg = cfg.replace({"global.output_dir": cfg.global_.output_dir.rstrip("/") + "_profile"})
     runner = _Trainer(cfg)
     runner.run(warmup)
     prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU])

@@ -6,13 +6,11 @@ excluded). Extra cases plug in through ``EXTRA_CASES`` (name -> module:function)
 """
 from __future__ import annotations
 
-import copy
 import importlib
 import logging
 import os
 import time
 
-import numpy as np
 import paddle
 import paddle.nn.functional as F
 
@@ -42,7 +40,7 @@ def _torch_runners(cfg, args, runners):
         raise SystemExit("error: --compare-torch needs PyTorch (pip install torch==2.13.0, the CPU build)")
     from ppdlx.engine.dist import configure_cpu_threads
     worker = torch_compare.TorchWorker(cfg.data.batch_size, cfg.data.transforms.crop_size, cfg.model.num_classes,
-                                       configure_cpu_threads(cfg))
+                                       configure_cpu_threads(cfg.global_.cpu_threads))
     for case, (dtype, _) in torch_compare.VARIANTS.items():
         scale = args.torch_bf16_scale if dtype == "bfloat16" else 1.0
         if scale > 0:
@@ -91,15 +89,18 @@ def _time(runner, steps):
     return own if isinstance(own, float) else time.perf_counter() - start
 
 
-def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare"), extra_runners=None):
+def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare"), extra_runners=None, layout=None):
     """img/s of each case over ``steps`` measured steps split into ``rounds`` interleaved rounds.
     ``extra_runners``: name -> runner with ``run(steps)`` and an optional ``steps_scale`` (slow
-    cases run fewer steps per round)."""
+    cases run fewer steps per round); ``layout``: a list the ppdlx case's data layout is appended to
+    (its run plan may pick another than the config's on CPU; the bare loop uses the config's)."""
     batch = cfg.data.batch_size
-    bare_cfg = copy.deepcopy(cfg)  # the configured layout: the trainer may pick another on CPU
+    bare_cfg = cfg
     runners = {}
     if "ppdlx" in cases:
         runners["ppdlx"] = _Trainer(cfg)
+        if layout is not None:
+            layout.append(runners["ppdlx"].trainer.plan.data_format)
     if "bare" in cases:
         from ppdlx.data.loader import SyntheticLoader
         loader = SyntheticLoader(batch, batch, bare_cfg.model.num_classes, bare_cfg.data.transforms.crop_size,
@@ -131,23 +132,26 @@ def run(args):
     overrides = ["data.backend=synthetic", "global.log_interval=1000000", "ema.enabled=false",
                  *flatten_overrides(args.override)]
     cfg = load_config(args.config, overrides)
-    cfg.global_.output_dir = cfg.global_.output_dir.rstrip("/") + "_benchmark"
+    cfg = cfg.replace({"global.output_dir": cfg.global_.output_dir.rstrip("/") + "_benchmark"})
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     if args.compare_torch and "torch" not in cases:
         cases.append("torch")
     extra_runners, worker = {}, None
     if "torch" in cases:
         worker = _torch_runners(cfg, args, extra_runners)
+    layout = []
     try:
         rows = measure(cfg, args.steps, args.warmup, args.rounds, [c for c in cases if c in ("ppdlx", "bare")],
-                       extra_runners)
+                       extra_runners, layout)
     finally:
         if worker is not None:
             worker.close()
     from ppdlx.engine.dist import configure_cpu_threads
-    notes = [f"config {args.config}; model {cfg.model.name} (ppdlx trained it in {cfg.model.data_format}); batch {cfg.data.batch_size} "
-             f"at {cfg.data.transforms.crop_size} px; {args.steps} steps in {args.rounds} interleaved rounds; "
-             f"{configure_cpu_threads(cfg)} CPU threads; MKL_DEBUG_CPU_TYPE={os.environ.get('MKL_DEBUG_CPU_TYPE')}"]
+    trained_in = layout[0] if layout else cfg.model.data_format
+    notes = [f"config {args.config}; model {cfg.model.name} (ppdlx trained it in {trained_in}); batch "
+             f"{cfg.data.batch_size} at {cfg.data.transforms.crop_size} px; {args.steps} steps in {args.rounds} "
+             f"interleaved rounds; {configure_cpu_threads(cfg.global_.cpu_threads)} CPU threads; "
+             f"MKL_DEBUG_CPU_TYPE={os.environ.get('MKL_DEBUG_CPU_TYPE')}"]
     if worker is not None:
         notes.append(f"PyTorch {worker.facts.get('torch')} in a worker process, {worker.facts.get('torch_threads')} "
                      f"threads; bf16 cases run {args.torch_bf16_scale:g}x the steps of the others")

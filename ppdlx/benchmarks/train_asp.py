@@ -3,7 +3,7 @@
 One trainer (the config's model, optimizer, AMP, EMA, accumulation) on synthetic data;
 dense and ASP steps alternate in ABBA order (dense, asp, asp, dense, ...) so drift and
 neighbours' load hit both cases alike. An ASP step is the same step plus
-``ASPHook.after_optimizer_step`` (in-place multiply of every pruned weight by its
+``ASPHook.after_step`` (in-place multiply of every pruned weight by its
 precomputed mask). Reported: images/s per case, the overhead from paired step-time
 differences, and the directly timed mask cost per step relative to a dense step.
 
@@ -25,31 +25,27 @@ def add_arguments(parser) -> None:
 
 
 class _TimedHook:
-    """Wraps ASPHook.after_optimizer_step and records its wall time."""
+    """Wraps ASPHook.after_step and records its wall time."""
 
     def __init__(self, hook):
         self.hook, self.name, self.times = hook, hook.name, []
 
-    def after_optimizer_step(self, trainer):
+    def after_step(self):
         start = time.perf_counter()
-        self.hook.after_optimizer_step(trainer)
+        self.hook.after_step()
         self.times.append(time.perf_counter() - start)
 
 
 def _prepare(cfg, output_dir):
-    cfg = cfg.model_copy(deep=True)
-    cfg.global_.output_dir = output_dir
-    cfg.model.weights = None
-    cfg.train.resume = None
-    cfg.data.backend = "synthetic"
-    cfg.data.synthetic.num_images = max(cfg.data.synthetic.num_images, cfg.data.batch_size * cfg.train.accumulate)
-    return cfg
+    return cfg.replace({"global.output_dir": output_dir, "model.weights": None, "train.resume": None,
+                        "data.backend": "synthetic", "data.synthetic.num_images": max(
+                            cfg.data.synthetic.num_images, cfg.data.batch_size * cfg.train.accumulate)})
 
 
 def asp_overhead(cfg, steps: int = 20, warmup: int = 2) -> list:
     """Rows ``{"case": "dense" | "asp", "images_per_s", "step_ms", ...}``; the asp row
     carries ``overhead_pct`` (paired step-time difference) and ``mask_overhead_pct``."""
-    from ppdlx.engine.amp import autocast
+    from ppdlx.engine.hooks import EMA, LRScheduler
     from ppdlx.engine.run import build_training
     from ppdlx.sparsity import ASPHook
 
@@ -57,21 +53,25 @@ def asp_overhead(cfg, steps: int = 20, warmup: int = 2) -> list:
         cfg = _prepare(cfg, tmp)
         trainer = build_training(cfg, hooks=())
         hook = ASPHook.from_config(cfg.asp)
-        hook.attach(trainer.raw_model, trainer.optimizer, trainer.ema)
+        hook.trainer = trainer
+        hook.attach_to(trainer.step.weights())
         timed = _TimedHook(hook)
         batch = next(iter(trainer.train_loader))
         images = int(batch[0].shape[0]) * trainer.accumulate
-        trainer.model.train()
+        trainer.step.train_mode()
+        lr_hook, ema_hook = trainer.find_hook(LRScheduler), trainer.find_hook(EMA)
 
         def step(with_asp: bool) -> float:
-            trainer.hooks = [timed] if with_asp else []
             start = time.perf_counter()
-            for _ in range(trainer.accumulate):
-                with autocast(trainer.amp):
-                    loss, _ = trainer.objective(trainer.model, batch, 0, trainer.global_step)
-                trainer._backward(loss / trainer.accumulate if trainer.accumulate > 1 else loss)
-            trainer._optimizer_step()
-            float(loss)  # make sure the step finished (asynchronous devices)
+            for micro in range(trainer.accumulate):
+                result = trainer.step.run(batch, micro == trainer.accumulate - 1)
+            trainer.result = result
+            trainer.global_step += int(result.applied)
+            # the trainer's after-step order: LR schedule, the ASP hook, the EMA
+            for h in [lr_hook, timed if with_asp else None, ema_hook]:
+                if h is not None:
+                    h.after_step()
+            float(result.loss)  # make sure the step finished (asynchronous devices)
             return time.perf_counter() - start
 
         for _ in range(warmup):
@@ -83,7 +83,7 @@ def asp_overhead(cfg, steps: int = 20, warmup: int = 2) -> list:
             order = (False, True) if i % 2 == 0 else (True, False)
             for with_asp in order:
                 (asp if with_asp else dense).append(step(with_asp))
-        trainer.logger.close()
+        trainer.call_hooks("after_train")
     med_dense = statistics.median(dense)
     paired = statistics.median(a - d for a, d in zip(asp, dense))
     mask = statistics.median(timed.times)

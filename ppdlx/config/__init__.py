@@ -13,7 +13,7 @@ from ppdlx.config.loader import apply_overrides, load_yaml_with_bases, merge, pa
 from ppdlx.config.schema import Config
 from ppdlx.errors import ConfigError
 
-__all__ = ["Config", "load_config", "save_config", "ConfigError"]
+__all__ = ["Config", "load_config", "save_config", "save_yaml", "ConfigError"]
 
 
 def _submodel(model_cls, key: str):
@@ -82,13 +82,18 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Co
     return build_config(raw, sources, path or "-o")
 
 
-def save_config(cfg: Config, path: str) -> None:
-    """Write the resolved config (every default filled in) atomically."""
+def save_yaml(data: dict, path: str) -> None:
+    """Write ``data`` as YAML atomically (temporary name, then rename)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+        yaml.safe_dump(data, f, sort_keys=False)
     os.replace(tmp, path)
+
+
+def save_config(cfg: Config, path: str) -> None:
+    """Write the resolved config (every default filled in) atomically."""
+    save_yaml(cfg.to_dict(), path)
 
 
 def flatten_overrides(groups: Optional[Iterable]) -> Tuple[str, ...]:

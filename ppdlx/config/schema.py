@@ -3,17 +3,47 @@
 Unknown keys and wrong types are rejected (``extra="forbid"``, strict-ish types);
 ``ppdlx.config.load_config`` turns pydantic's errors into one line naming the file,
 the key path, the bad value and a "did you mean".
+
+A loaded config is frozen: assigning to a key raises. A changed copy is
+``cfg.replace({"data.backend": "paddle"})`` (validated like a loaded one); what a run decides at
+run time (data layout, AMP, threads) is its plan (``ppdlx.engine.plan``), not the config.
 """
 from __future__ import annotations
 
+import copy
 import math
-from typing import Any, Dict, List, Literal, Optional, Tuple, Union
+from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ppdlx.config.randaugment import parse_rand_augment
+from ppdlx.errors import ConfigError
+
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __setattr__(self, name, value):
+        if name.startswith("_"):  # pydantic's private attributes
+            return super().__setattr__(name, value)
+        path = ".".join(filter(None, (_section_path(type(self)), name)))
+        raise ConfigError(f"the config is frozen after loading (cannot set {path} = {value!r}); make a changed "
+                          f"copy with cfg.replace({{{path!r}: ...}})")
+
+
+def _section_path(cls, root=None, prefix="") -> str:
+    """``"data.transforms"`` for ``TransformsConfig`` (the first key path holding that section)."""
+    root = root or Config
+    for name, field in root.model_fields.items():
+        tp = field.annotation
+        if isinstance(tp, type) and issubclass(tp, Section):
+            path = f"{prefix}{field.alias or name}"
+            if tp is cls:
+                return path
+            found = _section_path(cls, tp, path + ".")
+            if found:
+                return found
+    return ""
 
 
 class GlobalConfig(Section):
@@ -66,7 +96,6 @@ class TransformsConfig(Section):
     @classmethod
     def _check_randaugment(cls, value):
         if value:
-            from ppdlx.data.augment import parse_rand_augment
             parse_rand_augment(value)  # ConfigError naming the key and the accepted sections
         return value
 
@@ -272,7 +301,7 @@ class Config(Section):
     detection: DetectionConfig = Field(default_factory=DetectionConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     @property
     def global_cfg(self) -> GlobalConfig:
@@ -280,3 +309,16 @@ class Config(Section):
 
     def to_dict(self) -> dict:
         return self.model_dump(by_alias=True, mode="json")
+
+    def replace(self, changes: Mapping[str, Any]) -> "Config":
+        """A validated copy with ``changes`` (``{"key.path": value}``) applied; ``self`` is unchanged."""
+        raw = copy.deepcopy(self.to_dict())
+        for path, value in changes.items():
+            keys = path.split(".")
+            node = raw
+            for key in keys[:-1]:
+                node = node.get("global" if key == "global_" else key)
+                if not isinstance(node, dict):
+                    raise ConfigError(f"cfg.replace: '{path}' is not a key path of the config")
+            node[keys[-1]] = value
+        return Config.model_validate(raw)

@@ -1,1 +1,11 @@
-"""Training, evaluation and checkpointing: ``ppdlx.engine.run.train`` / ``evaluate`` drive the loops."""
+"""Training and evaluation (the layers are described in docs/DESIGN.md).
+
+* ``run`` -- the entry points: ``build_training(cfg, hooks)``, ``train(cfg, hooks)``, ``evaluate(cfg)``;
+* ``plan`` -- the run plan (device, threads, layout, AMP, graph) decided from the frozen config;
+* ``tasks`` -- the task plug-ins (``classification``, ``detection``): data, model, objective,
+  evaluator, export spec;
+* ``trainer`` -- ``Trainer(step, hooks)``, the loop; ``hooks`` -- what runs around it;
+* ``step`` -- the step contract; ``dynamic_step`` and ``static`` -- the step strategies;
+* building blocks: ``amp``, ``ema``, ``checkpoint``, ``dist``, ``evaluator``, ``coco_eval``,
+  ``objectives``, ``distill``, ``builders``, ``logger``, ``cpu_kernels``, ``detect_image``.
+"""

@@ -49,6 +49,8 @@ def restore_rng(state: dict) -> None:
 
 
 def save_checkpoint(prefix: str, model_state: dict, optimizer_state: dict | None, states: dict) -> None:
+    """``model_state`` values may be tensors or numpy arrays (saved as tensors either way)."""
+    model_state = {k: paddle.to_tensor(v) if isinstance(v, np.ndarray) else v for k, v in model_state.items()}
     atomic_save(model_state, prefix + ".pdparams")
     if optimizer_state is not None:
         atomic_save(optimizer_state, prefix + ".pdopt")

@@ -15,7 +15,7 @@ import numpy as np
 import paddle
 from PIL import Image, ImageDraw, ImageFont
 
-from ppdlx.data.coco import CocoDetection, coco_paths, eval_size
+from ppdlx.data.coco import CocoDetection, coco_paths
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.errors import ConfigError, DataError
 
@@ -45,7 +45,7 @@ def class_names(cfg, weights=None):
 
 class Detector:
     def __init__(self, cfg, nms="hard", score_threshold=0.001):
-        from ppdlx.engine.detection import build_detection_model, build_postprocess
+        from ppdlx.engine.tasks.detection import build_detection_model, build_postprocess
         if not cfg.model.weights:
             raise ConfigError("model.weights is not set: pass -o model.weights=<checkpoint prefix>")
         self.cfg = cfg

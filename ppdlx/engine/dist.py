@@ -17,8 +17,13 @@ def rank() -> int:
     return int(os.environ.get("PADDLE_TRAINER_ID", "0"))
 
 
-def init() -> tuple:
-    """Initialise collective data parallel when launched with several processes."""
+def init(collective_programs: bool = False) -> tuple:
+    """Initialise collective data parallel when launched with several processes;
+    ``collective_programs``: static programs all-reduce too (``fleet.init(is_collective=True)`` first
+    creates the context their all_reduce ops use)."""
+    if world_size() > 1 and collective_programs:
+        from paddle.distributed import fleet
+        fleet.init(is_collective=True)
     if world_size() > 1 and not dist.is_initialized():
         dist.init_parallel_env()
     return rank(), world_size()
@@ -103,12 +108,11 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def configure_cpu_threads(cfg) -> int:
-    """Resolve ``global.cpu_threads`` (null = this machine's usable cores shared by the local
-    processes) and apply it. Paddle's own default is 1 math thread, which left half of a 2-core
-    machine idle and made ResNet50 training 1.6x slower (issue 9). The resolved value is written
-    back into the config so that the run's saved config.yaml records it."""
-    threads = cfg.global_.cpu_threads or max(1, usable_cores() // max(1, local_world_size()))
-    cfg.global_.cpu_threads = threads
+def configure_cpu_threads(setting=None) -> int:
+    """Resolve ``global.cpu_threads`` (``setting``; None = this machine's usable cores shared by the
+    local processes), apply it and return it (the run plan records it). Paddle's own default is 1
+    math thread, which left half of a 2-core machine idle and made ResNet50 training 1.6x slower
+    (issue 9)."""
+    threads = setting or max(1, usable_cores() // max(1, local_world_size()))
     paddle.base.core.set_num_threads(threads)
     return threads

@@ -7,8 +7,8 @@ Design (``distill.*`` in the config):
   and ``distill.teacher_weights`` (a checkpoint prefix; else the teacher config's
   ``model.weights``). Every teacher parameter must come from the file.
 * Resolutions: the training loader produces batches at the **teacher's** resolution
-  (``distill.teacher_resolution``, else the teacher config's ``crop_size``; ``build_training``
-  builds the train loader from ``teacher_data_config(cfg)``). The teacher sees that batch as is;
+  (``distill.teacher_resolution``, else the teacher config's ``crop_size``; the classification
+  task builds the train loader from ``teacher_data_config(cfg)``). The teacher sees that batch as is;
   the student gets it resized bicubically to its own ``data.transforms.crop_size``
   (``F.interpolate(..., mode="bicubic")``, as the reference's ``train_one_epoch``). Validation
   uses the student's own transforms, so eval accuracy is the student's at its resolution.
@@ -33,6 +33,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from ppdlx.engine.objectives import mixup
 from ppdlx.errors import ConfigError
 
 log = logging.getLogger("ppdlx")
@@ -55,7 +56,8 @@ def load_teacher_config(cfg):
     if not os.path.isfile(path):
         raise ConfigError(f"distill.teacher_config={path}: file not found")
     teacher_cfg = load_config(path)
-    teacher_cfg.model.data_format = cfg.model.data_format  # the batch's layout
+    if teacher_cfg.model.data_format != cfg.model.data_format:  # the batch's layout
+        teacher_cfg = teacher_cfg.replace({"model.data_format": cfg.model.data_format})
     return teacher_cfg
 
 
@@ -68,13 +70,9 @@ def teacher_data_config(cfg):
     student = cfg.data.transforms.crop_size
     if res == student:
         return cfg
-    out = cfg.model_copy(deep=True)
-    t = out.data.transforms
-    resize = int(round(t.resize_short * res / student))
-    t.crop_pct = None
-    t.crop_size = res
-    t.resize_short = resize
-    return out
+    resize = int(round(cfg.data.transforms.resize_short * res / student))
+    return cfg.replace({"data.transforms.crop_pct": None, "data.transforms.crop_size": res,
+                        "data.transforms.resize_short": resize})
 
 
 def build_teacher(cfg):
@@ -154,12 +152,7 @@ class DistillationObjective:
         images, labels = batch
         targets = None
         if self.mixup_alpha > 0:
-            rng = np.random.default_rng([self.seed, epoch, step, 17])
-            lam = float(rng.beta(self.mixup_alpha, self.mixup_alpha))
-            perm = paddle.to_tensor(rng.permutation(images.shape[0]).astype(np.int64))
-            images = lam * images + (1.0 - lam) * paddle.gather(images, perm)
-            targets = self.criterion.targets(labels)
-            targets = lam * targets + (1.0 - lam) * paddle.gather(targets, perm)
+            images, targets = mixup(self.criterion, images, labels, self.mixup_alpha, self.seed, epoch, step)
         logits = model(self.student_input(images))
         ce = self.criterion(logits, targets=targets) if targets is not None else self.criterion(logits, labels)
         kd = self.soft_target_loss(logits, self.teacher_logits(images))

@@ -8,6 +8,13 @@ import paddle
 from ppdlx.engine.amp import float32_state, set_state_cast
 
 
+def ema_decay(decay: float, dynamic: bool, updates: int) -> float:
+    """The decay of the next update: ``min(decay, (1 + n) / (10 + n))`` after ``n`` updates when dynamic."""
+    if dynamic:
+        return min(decay, (1.0 + updates) / (10.0 + updates))
+    return decay
+
+
 class ModelEMA:
     """Shadows are float32 whatever the model's precision: under AMP O2 they average the optimizer's
     fp32 master weights (pass ``optimizer`` to :meth:`update`), not the rounded fp16 parameters."""
@@ -20,9 +27,7 @@ class ModelEMA:
                            if paddle.is_floating_point(v)}
 
     def current_decay(self) -> float:
-        if self.dynamic_decay:
-            return min(self.decay, (1.0 + self.updates) / (10.0 + self.updates))
-        return self.decay
+        return ema_decay(self.decay, self.dynamic_decay, self.updates)
 
     @paddle.no_grad()
     def update(self, model, optimizer=None) -> None:

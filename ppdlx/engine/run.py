@@ -1,6 +1,16 @@
-"""Entry points used by the CLIs: ``train(cfg)`` and ``evaluate(cfg)``."""
+"""Entry points for every task and graph mode: ``build_training(cfg, hooks)``, ``train(cfg, hooks)``,
+``evaluate(cfg)``.
+
+One assembly path: plan the run (``ppdlx.engine.plan``), let the task plug-in
+(``ppdlx.engine.tasks``) build data, model, objective and evaluator, build the step strategy for
+``train.graph``, register the standard hooks around the caller's, resume. The order of what is
+built, and of the RNG seeding between, is what makes runs reproducible and graph modes
+bit-identical: a static run builds the same dynamic model first (same initial weights, same
+parameter names, hence the same ``.pdopt`` keys) and traces its programs from it.
+"""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -8,146 +18,163 @@ import time
 import paddle
 
 from ppdlx.config import save_config
-from ppdlx.data.loader import build_classification_loader
 from ppdlx.engine import checkpoint as ckpt
-from ppdlx.engine import dist
+from ppdlx.engine import hooks as std
 from ppdlx.engine.amp import build_scaler, decorate_o2, plan_amp
-from ppdlx.engine.builders import build_model, count_params, resolve_device, seed_everything
+from ppdlx.engine.builders import count_params, seed_everything
+from ppdlx.engine.cpu_kernels import use_fast_cpu_kernels
+from ppdlx.engine.dynamic_step import DynamicStep, compile_forward
 from ppdlx.engine.ema import ModelEMA
-from ppdlx.engine.evaluator import ClassificationEvaluator
-from ppdlx.engine.logger import setup_logging
-from ppdlx.engine.objectives import ClassificationObjective
-from ppdlx.engine.cpu_kernels import plan_fast_cpu_kernels, use_fast_cpu_kernels
-from ppdlx.engine.trainer import Trainer
-from ppdlx.errors import ConfigError, UnsupportedError
-from ppdlx.losses import build_loss
+from ppdlx.engine.plan import RunPlan, plan_cpu_kernels, start_run
+from ppdlx.engine.tasks import task_of
+from ppdlx.engine.trainer import Trainer, optimizer_steps_per_epoch
+from ppdlx.errors import ConfigError
 from ppdlx.optim import build_lr_schedule, build_optimizer, scaled_lr
 
 log = logging.getLogger("ppdlx")
 
 
-def _setup(cfg):
-    rank, world = dist.init()
-    setup_logging(rank)
-    device = resolve_device(cfg.global_.device)
-    paddle.set_device(device)
-    dist.configure_cpu_threads(cfg)
-    return rank, world, device
+def plan_training_amp(cfg, device: str):
+    """What AMP does for this training config on ``device`` (static graph: a probe step on CPU)."""
+    task = task_of(cfg)
+    if cfg.train.graph != "static":
+        return plan_amp(cfg.amp, device)
+    from ppdlx.engine.static.probe import plan_static_amp
+    return plan_static_amp(cfg.amp, device, task.program_spec(cfg, cfg.model.num_classes),
+                           cfg.data.transforms.crop_size, cfg.model.num_classes, cfg.optimizer.name)
 
 
-def _classes_of(loader):
-    if getattr(loader, "classes", None) is not None:
-        return loader.classes
-    return getattr(getattr(loader, "dataset", None), "classes", None)
+def _static_ir() -> str:
+    from ppdlx.engine.static.ir_compat import ir_name
+    return ir_name()
 
 
-def build_training(cfg, hooks=()):
-    """Everything ``Trainer`` needs, built from the config. Returns the trainer."""
-    rank, world, device = _setup(cfg)
-    if cfg.train.graph == "static":
-        raise UnsupportedError("train.graph=static: use ppdlx.engine.static_trainer (tools/train.py dispatches it)")
-    fast_cpu = plan_fast_cpu_kernels(cfg, device)
-    amp_plan = plan_amp(cfg.amp, device)
-    if amp_plan.note:
-        log.info(amp_plan.note)
-    # Same initial weights on every rank; per-rank streams for dropout/drop-path afterwards.
-    seed_everything(cfg.global_.seed)
-    train_cfg = cfg
-    if cfg.distill.enabled:  # training batches at the teacher's resolution (ppdlx.engine.distill)
-        from ppdlx.engine.distill import teacher_data_config
-        train_cfg = teacher_data_config(cfg)
-    train_loader = build_classification_loader(train_cfg, "train", rank, world)
-    classes = _classes_of(train_loader)
-    num_classes = cfg.model.num_classes
-    if classes is not None and len(classes) != num_classes:
-        raise ConfigError(f"model.num_classes={num_classes} but {cfg.data.root}/{cfg.data.train_split} has "
-                          f"{len(classes)} class folders; set model.num_classes={len(classes)}")
-    val_loader = build_classification_loader(cfg, "val", rank, world, batch_size=cfg.eval.batch_size,
-                                             classes=classes)
-    model = build_model(cfg)
-    if fast_cpu:
-        use_fast_cpu_kernels(model)
-    if cfg.model.weights and not cfg.train.resume:
-        missing = ckpt.load_weights(model, cfg.model.weights)
-        log.info("loaded weights %s (%d parameters not in the file)", cfg.model.weights, len(missing))
-    seed_everything(cfg.global_.seed + rank)
-    criterion = build_loss(cfg, num_classes)
-    objective = ClassificationObjective(criterion, cfg.train.mixup_alpha, cfg.global_.seed)
-    if cfg.distill.enabled:
-        from ppdlx.engine.distill import build_distillation_objective
-        objective = build_distillation_objective(cfg, criterion)
-    global_batch = cfg.data.batch_size * world * cfg.train.accumulate
-    steps = len(train_loader) // cfg.train.accumulate
-    if cfg.train.steps_per_epoch:
-        steps = min(steps, cfg.train.steps_per_epoch)
-    steps = max(steps, 1)
-    lr_schedule = build_lr_schedule(cfg, global_batch, steps)
-    optimizer = build_optimizer(cfg, model, lr_schedule, multi_precision=amp_plan.enabled)
-    # EMA shadows start from the float32 weights, before O2 rounds the parameters to fp16
-    ema = ModelEMA(model, cfg.ema.decay, cfg.ema.dynamic_decay) if cfg.ema.enabled else None
-    model, optimizer = decorate_o2(amp_plan, model, optimizer)
-    raw_model = model
-    if cfg.train.graph == "to_static":
-        # The model only (AST, full_graph=True): bit-identical to dynamic under PIR and legacy IR;
-        # the train step cannot be AST-converted (loss.backward) -- docs/graph_modes.md.
-        from ppdlx.engine.static_trainer import check_graph_flags
-        check_graph_flags("to_static")  # oneDNN flags break run_program ("dst_tensor ... defined")
-        model = paddle.jit.to_static(model, full_graph=True)
-    if world > 1:
-        model = paddle.DataParallel(model)
-    trainer = Trainer(
-        model=model, raw_model=raw_model, optimizer=optimizer, lr_schedule=lr_schedule, objective=objective,
-        train_loader=train_loader, evaluator=ClassificationEvaluator(val_loader, cfg.eval.topk),
-        output_dir=cfg.global_.output_dir, epochs=cfg.train.epochs, amp=amp_plan,
-        scaler=build_scaler(amp_plan, cfg.amp), ema=ema, eval_with_ema=cfg.ema.eval_with_ema,
-        accumulate=cfg.train.accumulate, steps_per_epoch=cfg.train.steps_per_epoch,
-        log_interval=cfg.global_.log_interval, max_nonfinite_steps=cfg.train.max_nonfinite_steps,
-        eval_interval=cfg.eval.interval, save_interval=cfg.train.save_interval,
-        keep_epoch_checkpoints=cfg.train.keep_epoch_checkpoints, hooks=list(hooks), rank=rank, world_size=world)
+def build_training(cfg, hooks=(), amp=None) -> Trainer:
+    """The trainer for ``cfg``, with the standard hooks around ``hooks`` (order: ``ppdlx.engine.hooks``).
+    ``amp``: an AMP plan to use instead of the one planned for this machine (tests force O2)."""
+    task = task_of(cfg)
+    graph = cfg.train.graph
+    if graph == "static":
+        from ppdlx.engine.static.ir_compat import check_graph_flags
+        check_graph_flags("static")
+    task.validate(cfg)
+    env = start_run(cfg, collective_programs=graph == "static")
+    fast_kernels, data_format = plan_cpu_kernels(cfg, env.device)
+    # A static run builds the dynamic model in a fresh unique-name scope, in the dynamic order (AMP
+    # probe, seed, loaders, model): the names and initial weights of a dynamic run in a fresh process.
+    names = paddle.utils.unique_name.guard() if graph == "static" else contextlib.nullcontext()
+    with names:
+        amp = amp or plan_training_amp(cfg, env.device)
+        plan = RunPlan(env.rank, env.world_size, env.device, env.cpu_threads, graph,
+                       "dygraph" if graph == "dynamic" else _static_ir(), data_format, fast_kernels, amp)
+        run_cfg = plan.configure(cfg)
+        if amp.note:
+            log.info(amp.note)
+        # Same initial weights on every rank; per-rank streams for dropout/drop-path afterwards.
+        seed_everything(cfg.global_.seed)
+        data = task.build_data(run_cfg, env.rank, env.world_size)
+        model = task.build_model(run_cfg, data.num_classes)
+        if fast_kernels:
+            use_fast_cpu_kernels(model)
+        task.prepare_model(run_cfg, model)
+        if cfg.model.weights and not cfg.train.resume:
+            missing = ckpt.load_weights(model, cfg.model.weights)
+            log.info("loaded weights %s (%d parameters not in the file)", cfg.model.weights, len(missing))
+    seed_everything(cfg.global_.seed + env.rank)
+    steps = optimizer_steps_per_epoch(len(data.train_loader), cfg.train.accumulate, cfg.train.steps_per_epoch)
+    global_batch = cfg.data.batch_size * env.world_size * cfg.train.accumulate
+    n_params = count_params(model)
+    if graph == "static":
+        lr_schedule = build_lr_schedule(cfg, global_batch, steps)
+        step = _static_step(run_cfg, task, plan, model, data, lr_schedule)
+        raw_model = None
+    else:
+        objective = task.build_objective(run_cfg, model, data, env.world_size)
+        lr_schedule = build_lr_schedule(cfg, global_batch, steps)
+        step, raw_model = _dynamic_step(run_cfg, plan, model, objective, lr_schedule)
+    evaluator = task.build_evaluator(run_cfg, raw_model, data.val_loader, env.rank, env.world_size, amp)
+    trainer = Trainer(step, standard_hooks(cfg, env.rank, lr_schedule, evaluator, step, hooks),
+                      train_loader=data.train_loader, epochs=cfg.train.epochs, accumulate=cfg.train.accumulate,
+                      steps_per_epoch=cfg.train.steps_per_epoch, log_interval=cfg.global_.log_interval,
+                      max_nonfinite_steps=cfg.train.max_nonfinite_steps, rank=env.rank, world_size=env.world_size)
+    trainer.plan = plan  # for reports; the loop does not read it
     if cfg.train.resume:
         prefix = ckpt.resolve_resume(cfg.train.resume, cfg.global_.output_dir)
         if prefix:
             trainer.resume(prefix)
         else:
             log.info("train.resume=auto: no checkpoint in %s, starting fresh", cfg.global_.output_dir)
-    if rank == 0:
-        save_config(cfg, os.path.join(cfg.global_.output_dir, "config.yaml"))
-        log.info("model %s: %d parameters; %d train images, %d val images; global batch %d (%d x %d ranks x %d "
-                 "accumulate), peak lr %.4f, %d steps/epoch; device %s (%d CPU threads); amp %s",
-                 cfg.model.name, count_params(raw_model), train_loader.num_images, val_loader.num_images,
-                 global_batch, cfg.data.batch_size, world, cfg.train.accumulate, scaled_lr(cfg, global_batch),
-                 steps, device, cfg.global_.cpu_threads, amp_plan.dtype if amp_plan.enabled else "off (float32)")
+    if env.rank == 0:
+        out = cfg.global_.output_dir
+        save_config(cfg, os.path.join(out, "config.yaml"))
+        plan.save(os.path.join(out, "plan.yaml"))
+        task.start(run_cfg, data)
+        log.info("model %s: %d parameters%s; %d train images, %d val images; global batch %d (%d x %d ranks x %d "
+                 "accumulate), peak lr %.4f, %d steps/epoch", cfg.model.name, n_params, task.describe(cfg, data),
+                 data.train_loader.num_images, data.val_loader.num_images, global_batch, cfg.data.batch_size,
+                 env.world_size, cfg.train.accumulate, scaled_lr(cfg, global_batch), steps)
+        log.info(plan.line())
     return trainer
 
 
+def _dynamic_step(cfg, plan: RunPlan, model, objective, lr_schedule):
+    optimizer = build_optimizer(cfg, model, lr_schedule, multi_precision=plan.amp.enabled)
+    # EMA shadows start from the float32 weights, before O2 rounds the parameters to fp16
+    ema = ModelEMA(model, cfg.ema.decay, cfg.ema.dynamic_decay) if cfg.ema.enabled else None
+    model, optimizer = decorate_o2(plan.amp, model, optimizer)
+    raw_model = model
+    if plan.graph == "to_static":
+        model = compile_forward(model)
+    if plan.world_size > 1:
+        model = paddle.DataParallel(model)
+    step = DynamicStep(model, raw_model, optimizer, objective, plan.amp, build_scaler(plan.amp, cfg.amp), ema,
+                       cfg.train.accumulate, plan.world_size)
+    return step, raw_model
+
+
+def _static_step(cfg, task, plan: RunPlan, model, data, lr_schedule):
+    from ppdlx.engine.static.step import build_static_step
+    init_state = {n: v.numpy() for n, v in model.state_dict().items()}
+    dyn_names = {n: v.name for n, v in model.state_dict().items()}
+    return build_static_step(task.program_spec(cfg, data.num_classes), lr_schedule, plan.amp, plan.world_size,
+                             plan.device, init_state, dyn_names, cfg.train.mixup_alpha, cfg.global_.seed,
+                             cfg.ema.decay, cfg.ema.dynamic_decay)
+
+
+def standard_hooks(cfg, rank: int, lr_schedule, evaluator, step, hooks=()) -> list:
+    """The standard hooks around the caller's, in their documented order (``ppdlx.engine.hooks``)."""
+    out = cfg.global_.output_dir
+    ema = [std.EMA()] if step.ema is not None else []
+    return [std.RankSync(), std.LRScheduler(lr_schedule),
+            std.Evaluation(evaluator, cfg.eval.interval, cfg.ema.eval_with_ema), *hooks, *ema,
+            std.MetricWriter(out, rank, lr_schedule),
+            std.Checkpoint(out, rank, cfg.train.save_interval, cfg.train.keep_epoch_checkpoints)]
+
+
 def train(cfg, hooks=()) -> dict:
+    """Train ``cfg`` (``asp.enabled`` adds an ``ASPHook``); returns the report of the last evaluation."""
     if cfg.asp.enabled:
         from ppdlx.sparsity import ensure_asp_hook
         hooks = ensure_asp_hook(cfg, list(hooks))
-    if cfg.data.dataset == "coco":
-        from ppdlx.engine.detection import train as train_detection
-        return train_detection(cfg, hooks)
-    if cfg.train.graph == "static":
-        from ppdlx.engine.static_trainer import train as train_static
-        return train_static(cfg, hooks)
+    task = task_of(cfg)
     trainer = build_training(cfg, hooks)
-    metrics = trainer.fit()
-    report = {k: v for k, v in metrics.items() if k in ("top1", "top5", "images", "seconds", "loss")}
-    report.update(epochs=trainer.epoch, output_dir=cfg.global_.output_dir, best_top1=trainer.best_metric)
+    report = task.train_report(trainer.fit())
+    report.update(epochs=trainer.epoch, output_dir=cfg.global_.output_dir)
+    report[f"best_{task.best}"] = trainer.best_metric
     return report
 
 
 def evaluate(cfg) -> dict:
-    if cfg.data.dataset == "coco":
-        from ppdlx.engine.detection import evaluate as evaluate_detection
-        return evaluate_detection(cfg)
-    rank, world, device = _setup(cfg)
+    """Evaluate ``model.weights`` on the val split (the task's evaluator, sharded over ranks)."""
+    task = task_of(cfg)
+    env = start_run(cfg)
     if not cfg.model.weights:
         raise ConfigError("model.weights is not set: pass -o model.weights=<checkpoint prefix>")
-    loader = build_classification_loader(cfg, "val", rank, world, batch_size=cfg.eval.batch_size)
-    model = build_model(cfg)
+    loader, num_classes = task.build_eval_data(cfg, env.rank, env.world_size)
+    model = task.build_model(cfg, num_classes)
+    task.prepare_model(cfg, model)
     ckpt.load_weights(model, cfg.model.weights)
     start = time.perf_counter()
-    metrics = ClassificationEvaluator(loader, cfg.eval.topk)(model)
+    metrics = task.build_evaluator(cfg, model, loader, env.rank, env.world_size)(model)
     metrics["seconds"] = time.perf_counter() - start
-    return {k: metrics[k] for k in ("top1", "top5", "images", "seconds")}
+    return task.eval_report(metrics)

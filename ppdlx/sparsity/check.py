@@ -9,6 +9,9 @@ What is checked, by source:
   ``model`` when one is given (built from the config), else shape rules on the state
   dict: 4-D ``[Cout, Cin, kh, kw]`` with ``Cin % m == 0`` and 2-D ``[in, out]`` with
   ``in % m == 0``, the last 2-D weight being the classifier;
+* ONNX file (``inference.onnx``, e.g. the route to TensorRT's sparse kernels): the weights
+  (initializers, or Constant nodes) feeding ``Conv`` (``group == 1``) or ``MatMul``/``Gemm``,
+  by the same shape rules as an exported program;
 * exported model (``inference.json`` or ``inference.pdmodel`` + ``inference.pdiparams``
   from ``paddle.jit.save``): the program is loaded with
   ``paddle.static.load_inference_model`` and every weight feeding a ``conv2d``
@@ -79,7 +82,11 @@ def first_violation(rows) -> Optional[dict]:
 
 # --------------------------------------------------------------------- sources
 def resolve_source(path: str):
-    """``("checkpoint" | "inference", prefix)`` for a file, prefix or directory."""
+    """``("checkpoint" | "inference" | "onnx", prefix or file)`` for a file, prefix or directory."""
+    if path.endswith(".onnx"):
+        if not os.path.isfile(path):
+            raise DataError(f"--check {path}: file not found")
+        return "onnx", path
     if os.path.isdir(path):
         found = sorted(glob.glob(os.path.join(path, "*.pdiparams")))
         if found:
@@ -306,6 +313,34 @@ def _inference_targets(prefix: str, rules: SparsityRules):
     return targets, rules, [], "exported model (" + (".json" if pir else ".pdmodel") + ")"
 
 
+def _onnx_targets(path: str, rules: SparsityRules):
+    """Weights of an ONNX file (initializers or Constant nodes) feeding ``Conv`` (with its ``group``)
+    and ``MatMul``/``Gemm``, judged by shape like an exported program's; the last matmul is the classifier."""
+    import onnx
+    from onnx import numpy_helper
+    graph = onnx.load(path).graph
+    arrays = {t.name: t for t in graph.initializer}
+    arrays.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute
+                   if a.name == "value"})
+    uses = []
+    for node in graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in arrays:
+            uses.append(("conv2d", node.input[1], int(attrs.get("group", 1)), False))
+        elif node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in arrays:
+            uses.append(("linear", node.input[1], 1, bool(attrs.get("transB", 0))))
+    last_linear = max((i for i, u in enumerate(uses) if u[0] == "linear"), default=None)
+    targets, seen = [], set()
+    for i, (kind, name, groups, transposed) in enumerate(uses):
+        arr = numpy_helper.to_array(arrays[name]).astype(np.float32)
+        if name in seen or arr.ndim != (4 if kind == "conv2d" else 2):
+            continue
+        seen.add(name)
+        targets.append(_shape_rule_target(name, kind, arr.T if transposed else arr, rules, i == last_linear,
+                                          groups=groups, names=(name,)))
+    return targets, rules, [], "ONNX model (.onnx weights)"
+
+
 def check_path(path: str, rules: Optional[SparsityRules] = None, model=None) -> dict:
     """Check a checkpoint or an exported model. Returns ``{"source", "format", "pattern",
     "rows", "violations", "first_violation"}``; never raises for a violation (see
@@ -314,6 +349,8 @@ def check_path(path: str, rules: Optional[SparsityRules] = None, model=None) -> 
     fmt, prefix = resolve_source(path)
     if fmt == "checkpoint":
         targets, rules, extra, how = _checkpoint_targets(prefix, rules, model)
+    elif fmt == "onnx":
+        targets, rules, extra, how = _onnx_targets(prefix, rules)
     else:
         targets, rules, extra, how = _inference_targets(prefix, rules)
     rows = check_targets(targets, rules.n, rules.m) + extra

@@ -1,26 +1,23 @@
 """``ASPHook``: prune at the start of training, keep the n:m masks through every step.
 
-Dense gradients, masked weights: after every optimizer step the hook multiplies each
-pruned weight in place by its precomputed mask tensor (same dtype and place as the
-weight, no numpy round trip). It also masks
+Dense gradients, masked weights: after every applied optimizer step the hook multiplies each
+pruned weight in place by its precomputed mask tensor (same dtype and place as the weight, no
+numpy round trip). It reaches the weights through the step's
+:class:`~ppdlx.engine.step.WeightAccess` (``trainer.step.weights()``), the same way in every graph
+mode, and masks every stored copy of a pruned weight:
 
-* the fp32 master weights an AMP O2 / ``multi_precision`` optimizer keeps
-  (``optimizer._master_weights``; they appear at the optimizer's first step, so the
-  hook looks them up until then);
-* the EMA shadow (``trainer.ema.shadow``): masked when training starts and after every
-  epoch (before the checkpoint is written). In between no per-step work is needed: the
-  hook runs before ``ema.update`` and ``shadow*d + w*(1-d)`` keeps every masked entry
-  exactly 0 (``0*d + 0*(1-d) == 0``), which the tests check step by step.
-  ``ema_every_step=True`` masks it after every step anyway.
+* the parameter, and the fp32 master weight an AMP O2 / ``multi_precision`` optimizer keeps
+  (dygraph masters appear at the optimizer's first step, so the hook looks them up until then);
+* the EMA shadow. When the EMA is updated after the hooks (the EMA hook, dygraph), it is masked
+  when training starts and after every epoch (before the checkpoint is written); in between no
+  per-step work is needed: ``shadow*d + w*(1-d)`` keeps every masked entry exactly 0
+  (``0*d + 0*(1-d) == 0``), which the tests check step by step (``ema_every_step=True`` masks it
+  after every step anyway). When the step updates it itself (static programs), it is masked after
+  every step with the weights.
 
-Gradient accumulation needs nothing extra: the hook runs once per optimizer step.
-
-Static graph (``ppdlx.engine.static_trainer.StaticTrainer``, recognised by its ``scope``
-and ``var_names``): the weights live in the scope, so the hook masks them there by name
-with :func:`ppdlx.sparsity.static.apply_masks_to_scope` (in place on their device, masks
-built once on that device), and masks the EMA shadow variables every step too (the program
-updates them before the hook runs), plus the AMP O2 master weights the trainer lists in
-``master_names``.
+Gradient accumulation needs nothing extra: the hook runs once per optimizer step. Outside the
+trainer: ``hook.attach(model, optimizer, ema)`` prunes, then call ``hook.apply()`` after each
+``optimizer.step()``.
 
 Masks and the rules that made them are saved in the checkpoint (``.pdstates``, key
 ``hook:asp``); on resume they are restored instead of recomputed, so the run keeps
@@ -34,23 +31,14 @@ from typing import Dict, Mapping, Optional
 import numpy as np
 import paddle
 
-from ppdlx.engine.static_state import shared_tensor
+from ppdlx.engine.dynamic_step import LayerWeights
+from ppdlx.engine.hooks import Hook
 from ppdlx.errors import ConfigError
 from ppdlx.sparsity.masks import KINDS, compute_mask, density, nm_violations, pack_mask, unpack_mask
 from ppdlx.sparsity.rules import SparsityRules, scan_model
-from ppdlx.sparsity.static import apply_masks_to_scope, device_mask
+from ppdlx.sparsity.static import device_mask
 
 log = logging.getLogger("ppdlx.asp")
-
-_LOW_PRECISION = (paddle.float16, paddle.bfloat16)
-
-
-def _master_weights(optimizer) -> dict:
-    for opt in (optimizer, getattr(optimizer, "_inner_opt", None), getattr(optimizer, "_optimizer", None)):
-        mw = getattr(opt, "_master_weights", None)
-        if isinstance(mw, dict) and mw:
-            return mw
-    return {}
 
 
 def _as_float32_numpy(t) -> np.ndarray:
@@ -59,18 +47,11 @@ def _as_float32_numpy(t) -> np.ndarray:
     return t.numpy()
 
 
-def _mask_tensor(mask: np.ndarray, like) -> paddle.Tensor:
-    t = paddle.to_tensor(mask.astype(np.float32), place=like.place)
-    return t if like.dtype == paddle.float32 else t.astype(like.dtype)
-
-
-class ASPHook:
+class ASPHook(Hook):
     """Trainer hook for n:m structured sparsity (``name = "asp"``).
 
     ``ASPHook(n=2, m=4, mask_algo="mask_1d", exclude=(), prune_classifier=False,
-    layer_types=("conv2d", "linear"))`` or ``ASPHook.from_config(cfg.asp)``. Outside the
-    trainer: ``hook.attach(model, optimizer, ema)`` prunes, then call ``hook.apply()``
-    after each ``optimizer.step()``.
+    layer_types=("conv2d", "linear"))`` or ``ASPHook.from_config(cfg.asp)``.
     """
 
     name = "asp"
@@ -84,14 +65,12 @@ class ASPHook:
         self.restored = False
         self.model = None
         self.entries = []
-        self._optimizer = None
-        self._ema = None
-        self._param_targets = []     # (param, mask in the param's dtype)
-        self._master_targets = []    # (fp32 master weight, fp32 mask)
-        self._pending_masters = []   # (param, fp32 mask): low-precision params whose master is not created yet
-        self._ema_targets = []       # (fp32 shadow, fp32 mask)
-        self._static = None          # a StaticTrainer: weights are scope variables
-        self._scope_masks = {}       # scope variable name -> mask tensor (its dtype, its device)
+        self._access = None          # the WeightAccess the masks are applied through
+        self._step_targets = []      # (getter, mask): masked after every step
+        self._ema_targets = []       # (getter, mask): masked at the start and after every epoch
+        self._master_targets = []    # the AMP O2 masters among the step targets
+        self._pending_masters = []   # names whose master is not created yet
+        self._mask_cache = {}        # (name, dtype, place) -> mask tensor
 
     @classmethod
     def from_config(cls, asp_cfg, **kwargs) -> "ASPHook":
@@ -100,32 +79,28 @@ class ASPHook:
                    prune_classifier=rules.prune_classifier, layer_types=rules.layer_types, **kwargs)
 
     # ------------------------------------------------------------------ masks
+    def _access_for(self, model, optimizer=None):
+        if self._access is not None and model is self._access.model:
+            return self._access
+        return LayerWeights(model, optimizer)
+
     def compute_masks(self, model, optimizer=None) -> Dict[str, np.ndarray]:
         """Masks from the current weights (fp32 master copies when the optimizer has them)."""
-        masters = _master_weights(optimizer) if optimizer is not None else {}
-        masks = {}
-        for e in scan_model(model, self.rules):
-            if e.prune:
-                if self._static is not None:
-                    w = self._read_static(e.param)
-                else:
-                    w = _as_float32_numpy(masters.get(e.tensor.name, e.tensor))
-                masks[e.param] = compute_mask(w, e.kind, self.rules.n, self.rules.m, self.rules.mask_algo)
-        return masks
-
-    def _read_static(self, name: str) -> np.ndarray:
-        t = self._static
-        var = t.var_names[name]
-        w = t.get_var(getattr(t, "master_names", {}).get(var, var))
-        return w.astype(np.float32, copy=False)
+        access = self._access_for(model, optimizer)
+        return {e.param: compute_mask(access.read(e.param), e.kind, self.rules.n, self.rules.m, self.rules.mask_algo)
+                for e in scan_model(model, self.rules) if e.prune}
 
     def attach(self, model, optimizer=None, ema=None) -> None:
         """Compute (or take the restored) masks and apply them to weights, master weights and EMA."""
-        self.model, self._optimizer, self._ema = model, optimizer, ema
-        self.entries = scan_model(model, self.rules)
+        self.attach_to(LayerWeights(model, optimizer, ema))
+
+    def attach_to(self, access) -> None:
+        """:meth:`attach` through a :class:`~ppdlx.engine.step.WeightAccess` (``trainer.step.weights()``)."""
+        self._access, self.model = access, access.model
+        self.entries = scan_model(self.model, self.rules)
         pruned = {e.param: e for e in self.entries if e.prune}
         if self.masks is None:
-            self.masks = self.compute_masks(model, optimizer)
+            self.masks = self.compute_masks(self.model)
         else:
             missing = sorted(set(pruned) - set(self.masks))
             extra = sorted(set(self.masks) - set(pruned))
@@ -138,10 +113,7 @@ class ASPHook:
                 if list(self.masks[name].shape) != e.shape:
                     raise ConfigError(f"asp: saved mask for '{name}' has shape {list(self.masks[name].shape)} "
                                       f"but the weight has {e.shape}")
-        if self._static is not None:
-            self._build_scope_targets(pruned)
-        else:
-            self._build_targets(pruned)
+        self._build_targets(pruned)
         self.apply(include_ema=True)
         total = sum(int(np.prod(e.shape)) for e in self.entries)
         kept = sum(int(np.prod(e.shape)) for e in pruned.values())
@@ -151,87 +123,63 @@ class ASPHook:
                  else "computed", len(pruned), len(self.entries), 100.0 * kept / max(total, 1),
                  ", ".join(skipped) or "none")
 
+    def _mask_like(self, name: str, tensor) -> paddle.Tensor:
+        key = (name, str(tensor.dtype), str(tensor.place))
+        if key not in self._mask_cache:
+            self._mask_cache[key] = device_mask(self.masks[name], tensor)
+        return self._mask_cache[key]
+
+    def _add_target(self, name: str, kind: str, get) -> None:
+        target = (get, self._mask_like(name, get()))
+        ema_later = kind == "ema" and not (self._access.ema_updated_in_step or self.ema_every_step)
+        (self._ema_targets if ema_later else self._step_targets).append(target)
+        if kind == "master":
+            self._master_targets.append(target)
+
     def _build_targets(self, pruned) -> None:
-        self._param_targets, self._master_targets, self._pending_masters, self._ema_targets = [], [], [], []
-        masters = _master_weights(self._optimizer) if self._optimizer is not None else {}
-        shadow = getattr(self._ema, "shadow", None) or {}
-        for name, e in pruned.items():
-            p = e.tensor
-            mask = self.masks[name]
-            mk = _mask_tensor(mask, p)
-            self._param_targets.append((p, mk))
-            mk32 = mk if p.dtype == paddle.float32 else _mask_tensor(mask, paddle.zeros([1], "float32"))
-            if p.name in masters:
-                self._master_targets.append((masters[p.name], mk32))
-            elif p.dtype in _LOW_PRECISION and self._optimizer is not None:
-                self._pending_masters.append((p, mk32))
-            if name in shadow:
-                self._ema_targets.append((shadow[name], mk32 if shadow[name].dtype == paddle.float32
-                                          else _mask_tensor(mask, shadow[name])))
-
-    def attach_static(self, trainer) -> None:
-        """:meth:`attach` for a static-graph trainer (``scope``, ``var_names``, ``place``, ``model``)."""
-        self._static = trainer
-        self.attach(trainer.model)
-
-    def _build_scope_targets(self, pruned) -> None:
-        t = self._static
-        shadow = getattr(getattr(t, "pr", None), "ema_shadow", None) or {}
-        masters = getattr(t, "master_names", {})
-        self._scope_masks = {}
+        self._step_targets, self._ema_targets, self._master_targets = [], [], []
+        self._pending_masters, self._mask_cache = [], {}
         for name in pruned:
-            param = t.var_names[name]
-            for var_name in (param, masters.get(param), shadow.get(name)):
-                var = t.scope.find_var(var_name) if var_name else None
-                if var is not None:
-                    self._scope_masks[var_name] = device_mask(self.masks[name], shared_tensor(var.get_tensor()))
+            copies = self._access.copies(name)
+            for kind, get in copies.items():
+                self._add_target(name, kind, get)
+            if "master" not in copies and self._access.masters_pending(name):
+                self._pending_masters.append(name)
 
     def _resolve_masters(self) -> None:
-        masters = _master_weights(self._optimizer)
-        if not masters:
-            return
         still = []
-        for p, mk32 in self._pending_masters:
-            if p.name in masters:
-                self._master_targets.append((masters[p.name], mk32))
+        for name in self._pending_masters:
+            master = self._access.copies(name).get("master")
+            if master is not None:
+                self._add_target(name, "master", master)
             else:
-                still.append((p, mk32))
+                still.append(name)
         self._pending_masters = still
 
     @paddle.no_grad()
     def apply(self, include_ema: bool = False) -> None:
         """Multiply every pruned weight (and master copy) by its mask, in place."""
-        if self._static is not None:  # the program updated the EMA already: mask it every step
-            apply_masks_to_scope(self._static.scope, self._scope_masks)
-            return
         if self._pending_masters:
             self._resolve_masters()
-        for p, mk in self._param_targets:
-            p.multiply_(mk)
-        for w, mk in self._master_targets:
-            w.multiply_(mk)
-        if include_ema or self.ema_every_step:
-            for s, mk in self._ema_targets:
-                s.multiply_(mk)
+        for get, mk in self._step_targets:
+            get().multiply_(mk)
+        if include_ema:
+            self.apply_to_ema()
 
+    @paddle.no_grad()
     def apply_to_ema(self) -> None:
-        if self._static is not None:
-            return self.apply()
-        with paddle.no_grad():
-            for s, mk in self._ema_targets:
-                s.multiply_(mk)
+        for get, mk in self._ema_targets:
+            get().multiply_(mk)
 
     # ------------------------------------------------------------- trainer API
-    def before_train(self, trainer) -> None:
-        if hasattr(trainer, "scope") and hasattr(trainer, "var_names"):
-            self.attach_static(trainer)
-        else:
-            self.attach(trainer.raw_model, trainer.optimizer, trainer.ema)
+    def before_train(self) -> None:
+        self.attach_to(self.trainer.step.weights())
 
-    def after_optimizer_step(self, trainer) -> None:
-        self.apply()
+    def after_step(self) -> None:
+        if self.trainer.result.applied:
+            self.apply()
 
-    def after_epoch(self, trainer, metrics) -> None:
+    def after_epoch(self) -> None:
         self.apply_to_ema()
 
     def state_dict(self) -> dict:
@@ -248,10 +196,8 @@ class ASPHook:
                                   f"(masks must not change mid-run) or start a new run from its weights")
         self.masks = {k: unpack_mask(v) for k, v in state["masks"].items()}
         self.restored = True
-        if self._static is not None:  # restored after attach: re-target and re-apply
-            self.attach_static(self._static)
-        elif self.model is not None:
-            self.attach(self.model, self._optimizer, self._ema)
+        if self._access is not None:  # restored after attach: re-target and re-apply
+            self.attach_to(self._access)
 
     # ---------------------------------------------------------------- reports
     def layer_report(self, model=None) -> list:
@@ -259,7 +205,7 @@ class ASPHook:
         model = model if model is not None else self.model
         rows = []
         for e in scan_model(model, self.rules):
-            w = self._read_static(e.param) if self._static is not None and model is self.model \
+            w = self._access.read(e.param) if self._access is not None and model is self.model \
                 else _as_float32_numpy(e.tensor)
             row = {"layer": e.layer, "kind": e.kind, "shape": "x".join(map(str, e.shape)),
                    "params": int(np.prod(e.shape)), "density": round(density(w), 4)}

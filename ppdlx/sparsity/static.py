@@ -1,5 +1,4 @@
-"""Mask application by parameter name, for trainers that do not run ``ASPHook``
-(the static-graph trainer calls this on its scope after every step).
+"""Mask application by parameter name, outside ``ASPHook`` (e.g. on a static program's scope).
 
 ``masks`` map a name to a bool/0-1 mask of the weight's shape: the structured names
 ``ASPHook.masks`` uses, or program parameter names via :func:`masks_by_param_name`.
@@ -14,7 +13,7 @@ import numpy as np
 import paddle
 from paddle.base import core
 
-from ppdlx.engine.static_state import shared_tensor
+from ppdlx.engine.static.state import shared_tensor
 
 
 def masks_by_param_name(model, masks: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:

@@ -131,6 +131,7 @@ def test_shipped_config_loads_builds_and_round_trips(name, tmp_path):
     import ppdlx.data.image_folder  # noqa: F401  (registers "image_folder")
     import ppdlx.models  # noqa: F401  (registers every model family)
     from ppdlx.engine.builders import check_builder_args
+    from ppdlx.engine.tasks import task_of
     from ppdlx.models import gpunet
     from ppdlx.registry import DATASETS, MODELS
 
@@ -139,7 +140,7 @@ def test_shipped_config_loads_builds_and_round_trips(name, tmp_path):
     assert cfg.model.name in MODELS and cfg.data.dataset in DATASETS
     check_builder_args(cfg.model.name, cfg.model.args)  # a misspelt model.args key raises ConfigError
     is_detector = "image_size" in inspect.signature(MODELS.get(cfg.model.name)).parameters
-    assert is_detector == (cfg.data.dataset == "coco")
+    assert is_detector == (task_of(cfg).name == "detection")
     if name.startswith("gpunet/"):
         # the ImageNet recipes train at the architecture's own resolution
         arch = gpunet.load_config(gpunet.arch_path(cfg.model.name))
@@ -168,3 +169,33 @@ def test_unknown_dataset_is_refused_with_a_suggestion():
         load_config(None, ["data.dataset=cocoo"])
     assert str(err.value) == ("-o: data.dataset: bad value 'cocoo'; did you mean 'coco'? "
                               "(allowed: 'image_folder' or 'coco')")
+
+
+def test_a_loaded_config_is_frozen_and_replace_makes_a_validated_copy():
+    # Before: assignment changed the config in place (cpu_fast_kernels: auto rewrote model.data_format
+    # while the run executed); there was no way to make a changed copy but deepcopy + assignment.
+    cfg = load_config(os.path.join(ROOT, "configs", "demo", "rn50_demo.yaml"))
+    with pytest.raises(ConfigError) as err:
+        cfg.model.data_format = "NHWC"
+    assert str(err.value) == ("the config is frozen after loading (cannot set model.data_format = 'NHWC'); make a "
+                              "changed copy with cfg.replace({'model.data_format': ...})")
+    with pytest.raises(ConfigError, match=r"cannot set global\.seed = 1"):
+        cfg.global_.seed = 1
+    changed = cfg.replace({"model.data_format": "NHWC", "global.seed": 7, "data.transforms.crop_pct": 0.5})
+    assert (changed.model.data_format, changed.global_.seed) == ("NHWC", 7)
+    assert changed.data.transforms.resize_short == 2 * changed.data.transforms.crop_size  # validators re-run
+    assert (cfg.model.data_format, cfg.global_.seed, cfg.data.transforms.crop_pct) == ("NCHW", 42, None)
+    with pytest.raises(ValueError, match="data_format"):
+        cfg.replace({"model.data_format": "NWHC"})
+
+
+def test_validating_every_shipped_yaml_imports_neither_pil_nor_paddle():
+    # Before: the schema imported ppdlx.data.augment (PIL) to check data.transforms.randaugment.
+    code = ("import glob, sys; from ppdlx.config import load_config\n"
+            "paths = sorted(glob.glob('configs/**/*.yaml', recursive=True))\n"
+            "cfgs = [load_config(p) for p in paths]\n"
+            "assert any(c.data.transforms.randaugment for c in cfgs)\n"
+            "print(len(paths), sorted(m for m in ('PIL', 'paddle') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(len(SHIPPED)), "[]"]

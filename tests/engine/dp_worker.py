@@ -30,7 +30,7 @@ def main():
     trainer = build_training(load_config(args.config, args.o))
     if args.nan_on_rank1 and trainer.rank == 1:
         calls = None if args.nan_on_rank1 == "all" else {int(s) for s in args.nan_on_rank1.split(",")}
-        objective = trainer.objective
+        objective = trainer.step.objective
         seen = []
 
         def poisoned(model, batch, epoch, step):
@@ -38,16 +38,16 @@ def main():
             seen.append(step)
             return (loss * float("nan") if calls is None or len(seen) in calls else loss), n
 
-        trainer.objective = poisoned
+        trainer.step.objective = poisoned
     try:
         metrics = trainer.fit()
     except PpdlxError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
-    state = {k: v.numpy() for k, v in trainer.raw_model.state_dict().items()}
+    state = {k: v.numpy() for k, v in trainer.step.raw_model.state_dict().items()}
     np.savez(os.path.join(args.out_dir, f"rank{trainer.rank}.npz"), **state)
     with open(os.path.join(args.out_dir, f"rank{trainer.rank}.json"), "w") as f:
-        json.dump({"skipped_steps": trainer._skipped_steps, "global_step": trainer.global_step,
+        json.dump({"skipped_steps": trainer.skipped_steps, "global_step": trainer.global_step,
                    "top1": metrics.get("top1"), "images": metrics.get("images")}, f)
 
 

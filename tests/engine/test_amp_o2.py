@@ -14,6 +14,7 @@ from paddle.amp.auto_cast import amp_initialize
 from ppdlx.config import load_config
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine.builders import build_model
+from ppdlx.engine.hooks import Checkpoint, Evaluation
 from ppdlx.engine.run import build_training
 
 CONFIG = "configs/demo/rn50_demo.yaml"
@@ -27,12 +28,13 @@ def _cfg(tree, out, *extra):
 
 def _to_o2(trainer, exact: dict):
     """The GPU O2 state: fp16 parameters, fp32 masters holding the exact (pre-cast) values."""
-    amp_initialize(models=[trainer.raw_model], dtype="float16", excluded_layers=None)
-    names = {p.name: k for k, p in trainer.raw_model.state_dict().items()}
-    for p in trainer.raw_model.parameters():
+    step = trainer.step
+    amp_initialize(models=[step.raw_model], dtype="float16", excluded_layers=None)
+    names = {p.name: k for k, p in step.raw_model.state_dict().items()}
+    for p in step.raw_model.parameters():
         if p.dtype == paddle.float16:
-            trainer.optimizer._create_master_weight(p)
-            trainer.optimizer._master_weights[p.name].set_value(paddle.to_tensor(exact[names[p.name]]))
+            step.optimizer._create_master_weight(p)
+            step.optimizer._master_weights[p.name].set_value(paddle.to_tensor(exact[names[p.name]]))
 
 
 def _perturbed_fp32(trainer) -> dict:
@@ -40,13 +42,17 @@ def _perturbed_fp32(trainer) -> dict:
     fp16 copy' differ."""
     rng = np.random.default_rng(0)
     state = {}
-    for k, v in trainer.raw_model.state_dict().items():
+    for k, v in trainer.step.raw_model.state_dict().items():
         a = v.numpy()
         if k.endswith("weight") and a.ndim > 1:
             a = (a * (1 + 1e-3 * rng.standard_normal(a.shape))).astype(np.float32)
         state[k] = a
-    trainer.raw_model.set_state_dict({k: paddle.to_tensor(a) for k, a in state.items()})
+    trainer.step.raw_model.set_state_dict({k: paddle.to_tensor(a) for k, a in state.items()})
     return state
+
+
+def evaluate(trainer) -> dict:
+    return trainer.find_hook(Evaluation).evaluate()
 
 
 @pytest.fixture
@@ -55,37 +61,37 @@ def o2_trainer(tiny_tree, tmp_path):
         trainer = build_training(_cfg(tiny_tree, tmp_path / "run"))
     trainer.tree = tiny_tree
     exact = _perturbed_fp32(trainer)
-    trainer.ema.shadow = {k: paddle.to_tensor(a) for k, a in exact.items()}
-    reference = trainer.evaluate()
+    trainer.step.ema.shadow = {k: paddle.to_tensor(a) for k, a in exact.items()}
+    reference = evaluate(trainer)
     _to_o2(trainer, exact)
     return trainer, exact, reference
 
 
 def test_o2_model_evaluates_its_float32_masters_and_stays_fp16(o2_trainer):
     trainer, exact, reference = o2_trainer
-    params_before = {id(p) for p in trainer.optimizer._parameter_list}
-    fp16_before = {k: v.numpy().copy() for k, v in trainer.raw_model.state_dict().items()
+    params_before = {id(p) for p in trainer.step.optimizer._parameter_list}
+    fp16_before = {k: v.numpy().copy() for k, v in trainer.step.raw_model.state_dict().items()
                    if v.dtype == paddle.float16}
     assert len(fp16_before) > 10
     # Before: fp32 images into fp16 convolutions -> "The type of data we are trying to retrieve (float32)
     # does not match"; the EMA swap -> "Variable dtype not match".
-    metrics = trainer.evaluate()
+    metrics = evaluate(trainer)
     assert metrics["weights"] == "ema"
     assert metrics["images"] == reference["images"] == 16
     assert abs(metrics["top1"] - reference["top1"]) < 1e-9
     assert abs(metrics["loss"] - reference["loss"]) < 1e-6 * max(1.0, abs(reference["loss"]))
-    trainer.ema = None
-    assert abs(trainer.evaluate()["loss"] - reference["loss"]) < 1e-6 * max(1.0, abs(reference["loss"]))
-    after = trainer.raw_model.state_dict()
+    trainer.step.ema = None
+    assert abs(evaluate(trainer)["loss"] - reference["loss"]) < 1e-6 * max(1.0, abs(reference["loss"]))
+    after = trainer.step.raw_model.state_dict()
     for k, v in fp16_before.items():
         assert after[k].dtype == paddle.float16 and np.array_equal(after[k].numpy(), v), k
-    assert {id(p) for p in trainer.optimizer._parameter_list} == params_before
+    assert {id(p) for p in trainer.step.optimizer._parameter_list} == params_before
 
 
 def test_o2_checkpoint_is_float32_masters_and_loads_anywhere(o2_trainer, tmp_path):
     trainer, exact, reference = o2_trainer
     trainer.epoch = 1
-    trainer.save(improved=True)
+    trainer.find_hook(Checkpoint).save(improved=True)
     saved = paddle.load(str(tmp_path / "run" / "best.pdparams"))
     for k, a in exact.items():
         # Before: the fp16 parameters were saved, so model.weights / eval / export refused them.
@@ -99,9 +105,9 @@ def test_o2_checkpoint_is_float32_masters_and_loads_anywhere(o2_trainer, tmp_pat
         other = build_training(_cfg(trainer.tree, tmp_path / "run2"))
     _to_o2(other, {k: np.zeros_like(a) for k, a in exact.items()})
     other.resume(str(tmp_path / "run" / "latest"))
-    state = other.raw_model.state_dict()
-    masters = other.optimizer._master_weights
-    for k, p in trainer.raw_model.state_dict().items():
+    state = other.step.raw_model.state_dict()
+    masters = other.step.optimizer._master_weights
+    for k, p in trainer.step.raw_model.state_dict().items():
         if p.dtype == paddle.float16:
             assert state[k].dtype == paddle.float16
             assert np.array_equal(state[k].numpy(), exact[k].astype(np.float16)), k
@@ -110,10 +116,10 @@ def test_o2_checkpoint_is_float32_masters_and_loads_anywhere(o2_trainer, tmp_pat
 
 def test_ema_averages_the_masters_not_the_rounded_parameters(o2_trainer):
     trainer, exact, _ = o2_trainer
-    ema = trainer.ema
+    ema = trainer.step.ema
     zero = {k: paddle.zeros_like(v) for k, v in ema.shadow.items()}
     ema.shadow, ema.decay, ema.dynamic_decay = zero, 0.0, False
-    ema.update(trainer.raw_model, trainer.optimizer)
+    ema.update(trainer.step.raw_model, trainer.step.optimizer)
     for k, a in exact.items():
         assert ema.shadow[k].dtype == paddle.float32
         assert np.array_equal(ema.shadow[k].numpy(), a), k

@@ -98,7 +98,7 @@ def test_sharded_eval_counts_every_image_once(shapes, tmp_path):
     merged detections equal a single-rank run."""
     from ppdlx.data.coco import build_coco_loader
     from ppdlx.engine.coco_eval import coco_evaluate, merge_shards
-    from ppdlx.engine.detection import build_detection_model, build_evaluator
+    from ppdlx.engine.tasks.detection import build_detection_model, build_evaluator
     cfg = load_config(DEMO, _overrides(shapes, str(tmp_path), "eval.batch_size=2", "detection.save_results=false"))
     _save_random_weights(str(tmp_path / "w"))
     model = build_detection_model(cfg, 3)
@@ -147,7 +147,7 @@ def test_two_process_eval_gathers_every_image_once(shapes, tmp_path):
 
 def test_freeze_small_bn_keeps_fixed_statistics():
     from ppdlx.engine.coco_eval import recompute_bn_stats
-    from ppdlx.engine.detection import freeze_small_bn
+    from ppdlx.engine.tasks.detection import freeze_small_bn
     from ppdlx.models import MODELS
     paddle.seed(0)
     model = MODELS.build("efficientdet_d0", num_classes=3, image_size=64)
@@ -163,7 +163,7 @@ def test_freeze_small_bn_keeps_fixed_statistics():
 
 def test_precise_bn_batches_are_training_images_through_the_eval_transform(shapes, tmp_path):
     from ppdlx.data.coco import build_coco_loader
-    from ppdlx.engine.detection import build_precise_bn_loader
+    from ppdlx.engine.tasks.detection import build_precise_bn_loader
     cfg = load_config(DEMO, _overrides(shapes, tmp_path, "eval.batch_size=6"))
     loader = build_precise_bn_loader(cfg, 0, 1, None)
     first = [b[0].numpy() for b in loader]

@@ -54,7 +54,7 @@ def test_distillation_trains_with_a_frozen_teacher_outside_the_checkpoint(tiny_t
     teacher_cfg, prefix = teacher
     cfg = load_config(None, _overrides(tiny_tree, tmp_path / "run", teacher_cfg, prefix))
     trainer = build_training(cfg)
-    obj = trainer.objective
+    obj = trainer.step.objective
     assert isinstance(obj, DistillationObjective)
     net = obj.teacher
     teacher_before = {k: v.numpy().copy() for k, v in net.state_dict().items()}
@@ -63,7 +63,7 @@ def test_distillation_trains_with_a_frozen_teacher_outside_the_checkpoint(tiny_t
     images, _ = next(iter(trainer.train_loader))
     assert list(images.shape[1:]) == [3, 48, 48]
     seen = []
-    trainer.raw_model.register_forward_pre_hook(lambda layer, inputs: seen.append(list(inputs[0].shape[1:])))
+    trainer.step.raw_model.register_forward_pre_hook(lambda layer, inputs: seen.append(list(inputs[0].shape[1:])))
     x = paddle.to_tensor(np.random.default_rng(0).standard_normal((2, 3, 48, 48)).astype(np.float32))
     np.testing.assert_allclose(obj.student_input(x).numpy(),
                                F.interpolate(x, size=[32, 32], mode="bicubic").numpy(), rtol=0, atol=0)
@@ -72,7 +72,7 @@ def test_distillation_trains_with_a_frozen_teacher_outside_the_checkpoint(tiny_t
                                ((x.numpy() * 255.0 - 20.0) / 60.0)[:, 1], rtol=1e-5, atol=1e-5)
 
     totals, kds = [], []
-    inner = trainer.objective
+    inner = trainer.step.objective
 
     def recording(model, batch, epoch, step):
         loss, n = inner(model, batch, epoch, step)
@@ -80,7 +80,7 @@ def test_distillation_trains_with_a_frozen_teacher_outside_the_checkpoint(tiny_t
         kds.append(float(inner.last["kd"]))
         return loss, n
 
-    trainer.objective = recording
+    trainer.step.objective = recording
     trainer.fit()
     assert seen and all(s == [3, 32, 32] for s in seen[: len(totals)])
     first, last = np.mean(totals[:8]), np.mean(totals[-8:])  # first vs last epoch (8 steps each)
@@ -91,7 +91,7 @@ def test_distillation_trains_with_a_frozen_teacher_outside_the_checkpoint(tiny_t
     assert max(float(np.abs(after[k].numpy() - v).max()) for k, v in teacher_before.items()) == 0.0
     # checkpoint = the student only: same keys and values as the student; no teacher sub-tree
     saved = paddle.load(str(tmp_path / "run" / "latest.pdparams"))
-    student = trainer.raw_model.state_dict()
+    student = trainer.step.raw_model.state_dict()
     assert sorted(saved) == sorted(student) and not any("teacher" in k for k in saved)
     assert max(float(np.abs(np.asarray(saved[k]) - student[k].numpy()).max()) for k in saved) == 0.0
     assert any(float(np.abs(np.asarray(saved[k]) - teacher_before[k]).max()) > 0 for k in saved)

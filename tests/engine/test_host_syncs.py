@@ -40,7 +40,7 @@ def _reads_for(tree, tmp_path, steps, count_host_reads, with_scaler):
     if with_scaler:
         # The real GradScaler object; on a CPU place Paddle disables it (scale/step/update pass through),
         # so the scaler branch of the trainer runs as it would on a GPU.
-        trainer.scaler = paddle.amp.GradScaler(enable=True, init_loss_scaling=1.0)
+        trainer.step.scaler = paddle.amp.GradScaler(enable=True, init_loss_scaling=1.0)
     trainer.train_one_epoch()  # warm-up: first-batch set-up reads are not per step
     start = count_host_reads["n"]
     trainer.train_one_epoch()

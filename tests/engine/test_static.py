@@ -16,8 +16,9 @@ import pytest
 from ppdlx.config import load_config
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine.builders import build_model
-from ppdlx.engine.run import build_training
-from ppdlx.engine.static_trainer import _ProgramModel, build_static_training, plan_static_amp
+from ppdlx.engine.hooks import Evaluation
+from ppdlx.engine.run import build_training, plan_training_amp
+from ppdlx.engine.static.step import ProgramModel
 from ppdlx.errors import UnsupportedError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,25 +38,25 @@ def overrides(root, out, graph, *extra):
 def train_recording(cfg):
     """Train ``cfg`` in-process; returns (trainer, per-micro-batch losses)."""
     losses = []
+    trainer = build_training(cfg)
     if cfg.train.graph == "static":
-        trainer = build_static_training(cfg)
-        run = trainer.run
+        step = trainer.step
+        run = step.run_program
 
         def recording_run(program, feed, fetch, _run=run):
             out = _run(program, feed, fetch)
-            if program is trainer.pr.main:
+            if program is step.pr.main:
                 losses.append(float(np.asarray(out[0])))
             return out
-        trainer.run = recording_run
+        step.run_program = recording_run
     else:
-        trainer = build_training(cfg)
-        objective = trainer.objective
+        objective = trainer.step.objective
 
         def recording(model, batch, epoch, step, _objective=objective):
             loss, n = _objective(model, batch, epoch, step)
             losses.append(float(loss))
             return loss, n
-        trainer.objective = recording
+        trainer.step.objective = recording
     trainer.fit()
     return trainer, losses
 
@@ -114,24 +115,24 @@ def test_static_and_to_static_losses_match_dynamic_step_by_step(runs):
 
 def test_checkpoints_load_across_modes_with_the_same_logits(runs, tiny_tree, tmp_path):
     static = runs["static"]["trainer"]
-    images, _ = next(iter(static.evaluator.loader))
+    images, _ = next(iter(static.find_hook(Evaluation).evaluator.loader))
     # static checkpoint -> dynamic model (what export does)
     model = build_model(runs["static"]["cfg"])
     assert ckpt.load_weights(model, str(runs["static"]["dir"] / "latest")) == []
     model.eval()
     with paddle.no_grad():
         dyn_logits = model(images).numpy()
-    static_logits = _ProgramModel(static)(images).numpy()
+    static_logits = ProgramModel(static.step)(images).numpy()
     assert np.abs(dyn_logits - static_logits).max() < 1e-5
     # dynamic checkpoint -> static programs (model.weights)
     cfg = load_config(DEMO, overrides(tiny_tree, tmp_path, "static",
                                       f"model.weights={runs['dynamic']['dir'] / 'latest'}"))
-    loaded = build_static_training(cfg)
-    dynamic = runs["dynamic"]["trainer"].raw_model
+    loaded = build_training(cfg)
+    dynamic = runs["dynamic"]["trainer"].step.raw_model
     dynamic.eval()
     with paddle.no_grad():
         ref = dynamic(images).numpy()
-    assert np.abs(_ProgramModel(loaded)(images).numpy() - ref).max() < 1e-5
+    assert np.abs(ProgramModel(loaded.step)(images).numpy() - ref).max() < 1e-5
 
 
 def test_resume_crosses_graph_modes(runs, tiny_tree, tmp_path):
@@ -139,7 +140,7 @@ def test_resume_crosses_graph_modes(runs, tiny_tree, tmp_path):
     tools/train.py): both end where the uninterrupted runs ended (weights, momentum, LR, step)."""
     cfg = load_config(DEMO, overrides(tiny_tree, tmp_path / "s", "static",
                                       f"train.resume={runs['dynamic']['dir'] / 'epoch_1'}"))
-    trainer = build_static_training(cfg)
+    trainer = build_training(cfg)
     assert (trainer.epoch, trainer.global_step) == (1, 3)
     trainer.fit()
     assert max_diff(params(str(tmp_path / "s" / "latest")), params(str(runs["dynamic"]["dir"] / "latest"))) < 1e-5
@@ -176,23 +177,23 @@ def test_accumulation_ema_and_mixup_match_dynamic(tiny_tree, tmp_path):
 def test_nonfinite_steps_are_skipped_then_stop_the_run(tiny_tree, tmp_path):
     cfg = load_config(DEMO, overrides(tiny_tree, tmp_path, "static", "train.max_nonfinite_steps=3",
                                       "train.mixup_alpha=0.2"))
-    trainer = build_static_training(cfg)
-    feed = trainer._feed
+    trainer = build_training(cfg)
+    feed = trainer.step.feed
     before = {}
 
     def poisoned(batch, last_of_window):  # a NaN mixup weight -> NaN targets -> NaN loss and grads
         out = feed(batch, last_of_window)
         if trainer.global_step >= 2:
-            before.setdefault("weights", trainer.model_state())
+            before.setdefault("weights", trainer.step.model_state())
             out["mix_lam"] = out["mix_lam"] * np.float32("nan")
         return out
-    trainer._feed = poisoned
+    trainer.step.feed = poisoned
     with pytest.raises(Exception) as err:
         trainer.fit()
     assert "loss was NaN/inf for 3 consecutive steps" in str(err.value)
     assert trainer.global_step == 2  # the poisoned steps were skipped in the program, not applied
     trainable = [k for k in before["weights"] if not k.endswith(("_mean", "_variance"))]  # BN stats move in forward
-    after = trainer.model_state()
+    after = trainer.step.model_state()
     assert max(float(np.abs(before["weights"][k] - after[k]).max()) for k in trainable) == 0.0
 
 
@@ -200,12 +201,12 @@ def test_unsupported_combinations_are_one_line(tiny_tree, tmp_path):
     # fp16 on a CPU build: the dynamic trainer's line
     cfg = load_config(DEMO, overrides(tiny_tree, tmp_path, "static", "amp.enabled=true", "amp.dtype=float16"))
     with pytest.raises(UnsupportedError) as err:
-        build_static_training(cfg)
+        build_training(cfg)
     assert str(err.value).startswith("amp.dtype=float16 needs a GPU")
     # bf16 on this CPU: a note, then float32 (the probe step of this model: no bf16 batch_norm kernel)
     cfg = load_config(DEMO, overrides(tiny_tree, tmp_path, "static", "amp.enabled=true", "amp.dtype=bfloat16",
                                       "amp.level=O2"))
-    plan = plan_static_amp(cfg, "cpu")
+    plan = plan_training_amp(cfg, "cpu")
     assert not plan.enabled and plan.note.endswith("training runs in float32")
     assert "batch_norm" in plan.note, plan.note
     # oneDNN breaks static programs (to_static: "dst_tensor ... defined"): refused up front
@@ -214,7 +215,7 @@ def test_unsupported_combinations_are_one_line(tiny_tree, tmp_path):
         for graph in ("static", "to_static"):
             cfg = load_config(DEMO, overrides(tiny_tree, tmp_path, graph))
             with pytest.raises(UnsupportedError) as err:
-                (build_static_training if graph == "static" else build_training)(cfg)
+                build_training(cfg)
             assert str(err.value).startswith(f"train.graph={graph} with FLAGS_use_onednn=1:")
     finally:
         paddle.set_flags({"FLAGS_use_onednn": False})

@@ -15,8 +15,12 @@ from ppdlx.config import load_config
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine.amp import AmpPlan
 from ppdlx.engine.builders import build_model
-from ppdlx.engine.static_trainer import (StaticTrainer, _ProgramModel, build_programs, build_static_training,
-                                         static_graph)
+from ppdlx.engine.hooks import Checkpoint, LRScheduler
+from ppdlx.engine.run import build_training, plan_training_amp
+from ppdlx.engine.static.ir_compat import static_graph
+from ppdlx.engine.static.step import ProgramModel, build_static_step
+from ppdlx.engine.tasks import task_of
+from ppdlx.engine.trainer import Trainer
 from ppdlx.errors import UnsupportedError
 from ppdlx.optim import build_lr_schedule
 from ppdlx.registry import MODELS
@@ -52,26 +56,27 @@ def elementwise_cfg(out, *extra):
 
 
 def trainer_with_plan(cfg, plan):
-    """What build_static_training builds after planning, with a given AMP plan (no loaders)."""
+    """What build_training builds for train.graph=static after planning, with a given AMP plan (no
+    loaders): the static step, the LR hook and checkpoints."""
     lr_schedule = build_lr_schedule(cfg, cfg.data.batch_size, 4)
-    with static_graph():
-        pr = build_programs(cfg, cfg.model.num_classes, lr_schedule, plan, 1)
-        exe, scope = paddle.static.Executor(paddle.CPUPlace()), paddle.static.Scope()
-        with paddle.static.scope_guard(scope):
-            exe.run(pr.startup, scope=scope)
-    names = {n: v.name for n, v in pr.model.state_dict().items()}
-    return StaticTrainer(cfg, pr, exe, scope, paddle.CPUPlace(), lr_schedule, None, None, plan, names)
+    step = build_static_step(task_of(cfg).program_spec(cfg, cfg.model.num_classes), lr_schedule, plan, 1, "cpu")
+    return Trainer(step, [LRScheduler(lr_schedule), Checkpoint(cfg.global_.output_dir)], train_loader=None,
+                   epochs=1)
 
 
-def masters_of(trainer):
+def save(trainer):
+    trainer.find_hook(Checkpoint).save(improved=False)
+
+
+def masters_of(step):
     """Structured name -> fp32 master, found through the optimizer itself (Paddle's own map)."""
-    masters = {p: v.name for p, v in trainer.pr.optimizer._master_weights.items()}
-    return {n: trainer.get_var(masters[v]) for n, v in trainer.var_names.items() if v in masters}
+    masters = {p: v.name for p, v in step.pr.optimizer._master_weights.items()}
+    return {n: step.get_var(masters[v]) for n, v in step.var_names.items() if v in masters}
 
 
-def random_state(trainer, seed):
+def random_state(step, seed):
     rng = np.random.default_rng(seed)
-    return {n: (0.1 * rng.standard_normal(v.shape)).astype(np.float32) for n, v in trainer.model_state().items()}
+    return {n: (0.1 * rng.standard_normal(v.shape)).astype(np.float32) for n, v in step.model_state().items()}
 
 
 def params_of(path):
@@ -90,41 +95,40 @@ def test_o2_master_weights_take_loaded_and_resumed_values(tmp_path):
     cfg = elementwise_cfg(tmp_path, "amp.init_loss_scaling=1.0")
     plan = AmpPlan(True, "bfloat16", "O2", False)
     a = trainer_with_plan(cfg, plan)
-    loaded = random_state(a, 0)
-    a.set_model_state(loaded)
-    masters = masters_of(a)
+    loaded = random_state(a.step, 0)
+    a.step.set_model_state(loaded)
+    masters = masters_of(a.step)
     assert sorted(masters) == sorted(loaded)  # every parameter is bf16 with a master
     for n, value in loaded.items():
         assert np.array_equal(masters[n], value), n  # full fp32 precision, not the initialiser
-        param = a.get_var(a.var_names[n])
+        param = a.step.get_var(a.step.var_names[n])
         assert not np.array_equal(param, value) and np.abs(param - value).max() <= 2 ** -8 * np.abs(value).max()
-    a.save(improved=False)
+    save(a)
     pdparams = params_of(tmp_path / "latest.pdparams")
     pdopt = paddle.load(str(tmp_path / "latest.pdopt"))
     for n, value in loaded.items():  # float32 masters in both files, as the dynamic trainer saves
         assert np.array_equal(pdparams[n], value), n
-        assert np.array_equal(np.asarray(pdopt["master_weights"][a.dyn_names[n]]), value), n
+        assert np.array_equal(np.asarray(pdopt["master_weights"][a.step.dyn_names[n]]), value), n
 
     b = trainer_with_plan(cfg, plan)  # fresh programs: other initialiser values
     b.resume(str(tmp_path / "latest"))
-    got = masters_of(b)
+    got = masters_of(b.step)
     for n in loaded:
         assert np.array_equal(got[n], loaded[n]), n
-        assert np.array_equal(b.get_var(b.var_names[n]), a.get_var(a.var_names[n])), n
+        assert np.array_equal(b.step.get_var(b.step.var_names[n]), a.step.get_var(a.step.var_names[n])), n
     c = trainer_with_plan(cfg, plan)
-    c.set_optimizer_state(pdopt)  # .pdopt alone restores the masters
-    assert all(np.array_equal(masters_of(c)[n], loaded[n]) for n in loaded)
+    c.step.set_optimizer_state(pdopt)  # .pdopt alone restores the masters
+    assert all(np.array_equal(masters_of(c.step)[n], loaded[n]) for n in loaded)
 
 
 def test_o2_on_this_cpu_falls_back_to_float32_in_one_line(tmp_path):
     """The only bf16 optimizer kernel on CPU, sgd, ignores the masters (paddle/phi/kernels/cpu/
     sgd_kernel.cc): O2 would save and evaluate masters that never move. The planner's probe sees it."""
-    from ppdlx.engine.static_trainer import plan_static_amp
-    plan = plan_static_amp(elementwise_cfg(tmp_path), "cpu")
+    plan = plan_training_amp(elementwise_cfg(tmp_path), "cpu")
     assert (plan.enabled, plan.dtype) == (False, "float32")
     assert plan.note.endswith("(the sgd step left the fp32 master weights unchanged: its CPU kernel ignores "
                               "multi_precision): training runs in float32"), plan.note
-    assert plan_static_amp(elementwise_cfg(tmp_path, "amp.level=O1"), "cpu").enabled  # no masters in O1
+    assert plan_training_amp(elementwise_cfg(tmp_path, "amp.level=O1"), "cpu").enabled  # no masters in O1
 
 
 def test_o2_with_ema_and_model_weights_through_the_trainer(tmp_path):
@@ -143,15 +147,16 @@ def test_o2_with_ema_and_model_weights_through_the_trainer(tmp_path):
     class Recorder:
         name = "recorder"
 
-        def after_optimizer_step(self, trainer):
-            seen.append(trainer.model_state())
+        def after_step(self):
+            if self.trainer.result.applied:
+                seen.append(self.trainer.step.model_state())
 
     plan = AmpPlan(True, "bfloat16", "O2", False)
-    trainer = build_static_training(cfg, hooks=[Recorder()], amp=plan)
-    assert all(np.array_equal(trainer.get_var(trainer.master_names[v]), weights[n])
-               for n, v in trainer.var_names.items())
-    for s in trainer.pr.ema_shadow.values():  # start the EMA away from the weights: every update shows
-        trainer.set_var(s, np.zeros_like(trainer.get_var(s)))
+    trainer = build_training(cfg, hooks=[Recorder()], amp=plan)
+    step = trainer.step
+    assert all(np.array_equal(step.get_var(step.master_names[v]), weights[n]) for n, v in step.var_names.items())
+    for s in step.pr.ema_shadow.values():  # start the EMA away from the weights: every update shows
+        step.set_var(s, np.zeros_like(step.get_var(s)))
     trainer.fit()
     assert len(seen) == 4
     shadow = {n: np.zeros_like(w) for n, w in weights.items()}
@@ -164,17 +169,17 @@ def test_o2_with_ema_and_model_weights_through_the_trainer(tmp_path):
     # evaluation: float32 on the masters (and on the EMA when swapped in), as a dynamic fp32 model
     images = paddle.to_tensor(batch(3)["images"])
     model.eval()
-    for state, swap in ((trainer.model_state(), contextlib.nullcontext), (shadow, trainer.ema_swapped_in)):
+    for state, swap in ((step.model_state(), contextlib.nullcontext), (shadow, step.ema_swapped_in)):
         model.set_state_dict({n: paddle.to_tensor(v) for n, v in state.items()})
         with paddle.no_grad():
             ref = model(images).numpy()
         with swap():
-            got = _ProgramModel(trainer)(images).numpy()
+            got = ProgramModel(step)(images).numpy()
         assert np.abs(got - ref).max() < 1e-5
     assert trainer.last_metrics["weights"] == "ema"
     # accumulation is still refused in one line under static AMP
     with pytest.raises(UnsupportedError) as err:
-        build_static_training(elementwise_cfg(tmp_path / "acc", "train.accumulate=2"), amp=plan)
+        build_training(elementwise_cfg(tmp_path / "acc", "train.accumulate=2"), amp=plan)
     assert str(err.value).startswith("train.graph=static with amp.enabled and train.accumulate=2:")
 
 
@@ -185,17 +190,17 @@ def test_loss_scale_is_applied_and_round_trips(tmp_path):
     cfg = elementwise_cfg(tmp_path, "amp.level=O1", "amp.init_loss_scaling=128", "amp.use_dynamic_loss_scaling=false")
     scaled = trainer_with_plan(cfg, AmpPlan(True, "bfloat16", "O1", True))
     plain = trainer_with_plan(cfg, AmpPlan(True, "bfloat16", "O1", False))
-    weights = random_state(scaled, 2)
-    for t in (scaled, plain):
+    weights = random_state(scaled.step, 2)
+    for t in (scaled.step, plain.step):
         t.set_model_state(weights)
-        t.run(t.pr.main, batch(), t._fetch)
-    after, ref = scaled.model_state(), plain.model_state()
+        t.run_program(t.pr.main, batch(), t.pr.fetch)
+    after, ref = scaled.step.model_state(), plain.step.model_state()
     assert max(float(np.abs(after[n] - weights[n]).max()) for n in weights) > 1e-3
     assert max(float(np.abs(after[n] - ref[n]).max()) for n in ref) < 1e-7
-    scale_var = scaled.pr.loss_scaling.scale
-    assert scaled.get_var(scale_var).tolist() == [128.0]
-    scaled.set_var(scale_var, np.asarray([512.0], np.float32))  # as a GPU run's scaling may have moved it
-    scaled.save(improved=False)
+    scale_var = scaled.step.pr.loss_scaling.scale
+    assert scaled.step.get_var(scale_var).tolist() == [128.0]
+    scaled.step.set_var(scale_var, np.asarray([512.0], np.float32))  # as a GPU run's scaling may have moved it
+    save(scaled)
     state = ckpt.load_states(str(tmp_path / "latest.pdstates"))["scaler"]
     assert sorted(state) == sorted(["scale", "incr_ratio", "decr_ratio", "incr_every_n_steps",
                                     "decr_every_n_nan_or_inf", "incr_count", "decr_count",
@@ -203,14 +208,14 @@ def test_loss_scale_is_applied_and_round_trips(tmp_path):
     assert state["scale"].tolist() == [512.0] and state["use_dynamic_loss_scaling"] is False
     resumed = trainer_with_plan(cfg, AmpPlan(True, "bfloat16", "O1", True))
     resumed.resume(str(tmp_path / "latest"))
-    assert resumed.get_var(resumed.pr.loss_scaling.scale).tolist() == [512.0]
-    assert plain.state.scaler_state() is None  # no scaler (bf16), as the dynamic trainer: nothing to save
+    assert resumed.step.get_var(resumed.step.pr.loss_scaling.scale).tolist() == [512.0]
+    assert plain.step.state.scaler_state() is None  # no scaler (bf16), as the dynamic trainer: nothing to save
 
 
 def test_dynamic_loss_scaling_counters_round_trip():
     """num_good_steps / num_bad_steps (float16 dynamic loss scaling, GPU-only to build) map to
     GradScaler's incr_count / decr_count; checked on real persistable scope variables."""
-    from ppdlx.engine.static_state import LossScaling, ScopeState
+    from ppdlx.engine.static.state import LossScaling, ScopeState
     main, startup, scope = paddle.static.Program(), paddle.static.Program(), paddle.static.Scope()
     with static_graph(), paddle.static.program_guard(main, startup):
         made = [paddle.pir.core.create_persistable_value(dtype, [1], name=name,

@@ -9,7 +9,7 @@ import pytest
 from paddle.base import core
 
 from ppdlx.config import load_config
-from ppdlx.engine.static_trainer import build_static_training
+from ppdlx.engine.run import build_training
 
 
 @contextlib.contextmanager
@@ -55,8 +55,8 @@ def test_observer_sees_host_copies():
 
 
 def test_training_steps_move_only_scalars_between_host_and_device(tmp_path):
-    trainer = build_static_training(synthetic_cfg(tmp_path, "ema.enabled=true"))
-    before = trainer.model_state()
+    trainer = build_training(synthetic_cfg(tmp_path, "ema.enabled=true"))
+    before = trainer.step.model_state()
     with host_copies() as copies:
         trainer.train_one_epoch()
     assert trainer.global_step == 3
@@ -64,12 +64,12 @@ def test_training_steps_move_only_scalars_between_host_and_device(tmp_path):
     assert big == [], big
     # per step: the LR, EMA decay and 1 - decay in (host -> device); loss and finite flag out
     assert len(copies) == 5 * trainer.global_step
-    after = trainer.model_state()
+    after = trainer.step.model_state()
     assert max(float(np.abs(after[k] - before[k]).max()) for k in before) > 0  # it trained
 
 
 def test_feed_shares_the_loader_tensor_memory():
-    from ppdlx.engine.static_trainer import as_feed
+    from ppdlx.engine.static.feed import as_feed
     images = paddle.arange(24, dtype="float32").reshape([2, 3, 2, 2])
     fed = as_feed(images, "float32")
     assert isinstance(fed, core.DenseTensor) and fed._ptr() == images.get_tensor()._ptr()  # no copy

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import paddle
 import pytest
+import yaml
 
 from ppdlx.config import load_config
 from ppdlx.engine.checkpoint import load_states
@@ -83,7 +84,7 @@ def test_bf16_amp_on_cpu_trains_and_says_it_is_float32(tiny_tree, tmp_path, ppdl
     notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("amp:")]
     assert len(notes) == 1 and "training runs in float32" in notes[0]
     losses = []
-    trainer.objective = _recording(trainer.objective, losses)
+    trainer.step.objective = _recording(trainer.step.objective, losses)
     trainer.fit()
     first, last = np.mean(losses[:8]), np.mean(losses[-8:])  # first vs last epoch
     assert last < first - 0.3, (first, last)
@@ -110,19 +111,19 @@ def test_fp16_on_a_cpu_build_is_one_clear_line(tiny_tree, tmp_path):
 def test_nonfinite_losses_stop_the_run_with_a_message(tiny_tree, tmp_path):
     cfg = load_config(None, tiny_overrides(tiny_tree, tmp_path, "train.max_nonfinite_steps=3"))
     trainer = build_training(cfg)
-    objective = trainer.objective
+    objective = trainer.step.objective
 
     def poisoned(model, batch, epoch, step):
         loss, n = objective(model, batch, epoch, step)
         return loss * float("nan") if step >= 2 else loss, n
 
-    trainer.objective = poisoned
-    before = {k: v.numpy().copy() for k, v in trainer.raw_model.state_dict().items()}
+    trainer.step.objective = poisoned
+    before = {k: v.numpy().copy() for k, v in trainer.step.raw_model.state_dict().items()}
     with pytest.raises(Exception) as err:
         trainer.fit()
     assert "loss was NaN/inf for 3 consecutive steps" in str(err.value)
     assert trainer.global_step == 2  # the poisoned steps were skipped, not applied
-    after = trainer.raw_model.state_dict()
+    after = trainer.step.raw_model.state_dict()
     assert all(np.isfinite(after[k].numpy()).all() for k in before)
 
 
@@ -136,7 +137,7 @@ def test_gradient_accumulation_matches_the_big_batch(tiny_tree, tmp_path):
         paddle.seed(0)
         trainer = build_training(cfg)
         trainer.train_loader.batch_sampler.shuffle = False
-        objective = trainer.objective
+        objective = trainer.step.objective
 
         def bn_frozen(model, batch, epoch, step, _objective=objective):
             for layer in model.sublayers():
@@ -144,9 +145,9 @@ def test_gradient_accumulation_matches_the_big_batch(tiny_tree, tmp_path):
                     layer.training = False  # batch statistics would differ between 8 and 2 x 4
             return _objective(model, batch, epoch, step)
 
-        trainer.objective = bn_frozen
+        trainer.step.objective = bn_frozen
         trainer.train_one_epoch()
-        results.append({k: v.numpy() for k, v in trainer.raw_model.state_dict().items()})
+        results.append({k: v.numpy() for k, v in trainer.step.raw_model.state_dict().items()})
     diffs = [float(np.abs(results[0][k] - results[1][k]).max()) for k in results[0]]
     assert max(diffs) < 1e-5
     assert trainer.global_step == 2
@@ -165,5 +166,7 @@ def test_fast_cpu_kernels_that_cannot_build_are_one_line_or_off(tiny_tree, tmp_p
     proc = run_cli([*args, "global.cpu_fast_kernels=auto"], env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "global.cpu_fast_kernels=auto: off, building onednn_kernels.cc failed" in proc.stderr + proc.stdout
-    saved = open(os.path.join(tmp_path, "config.yaml")).read()
-    assert "cpu_fast_kernels: false" in saved and "data_format: NCHW" in saved
+    # the decision is the run's plan, saved next to its config (the config keeps "auto")
+    plan = yaml.safe_load(open(os.path.join(tmp_path, "plan.yaml")))
+    assert plan["fast_cpu_kernels"] is False and plan["data_format"] == "NCHW"
+    assert "cpu_fast_kernels: auto" in open(os.path.join(tmp_path, "config.yaml")).read()

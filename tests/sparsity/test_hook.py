@@ -6,6 +6,7 @@ import paddle
 import pytest
 
 from ppdlx.config import load_config
+from ppdlx.engine.hooks import Checkpoint
 from ppdlx.engine.run import build_training
 from ppdlx.errors import ConfigError
 from ppdlx.sparsity import ASPHook, apply_masks, masks_by_param_name, nm_violations
@@ -23,20 +24,23 @@ def kind_of(w):
 
 
 class StepChecker:
-    """Runs after ASPHook and before ema.update on every optimizer step."""
+    """Runs after ASPHook and before ema.update on every applied optimizer step."""
     name = "step_checker"
 
     def __init__(self, asp):
         self.asp, self.steps = asp, 0
 
-    def after_optimizer_step(self, trainer):
-        state = trainer.raw_model.state_dict()
+    def after_step(self):
+        trainer = self.trainer
+        if not trainer.result.applied:
+            return
+        state = trainer.step.raw_model.state_dict()
         for k, mask in self.asp.masks.items():
             w = state[k].numpy()
             assert not w[~mask].any(), f"step {trainer.global_step}: {k} has weights outside its mask"
             assert nm_violations(w, kind_of(w))[0] == 0
-            if trainer.ema is not None:  # the shadow as left by the previous ema.update
-                assert not trainer.ema.shadow[k].numpy()[~mask].any(), f"EMA of {k} left the mask"
+            if trainer.step.ema is not None:  # the shadow as left by the previous ema.update
+                assert not trainer.step.ema.shadow[k].numpy()[~mask].any(), f"EMA of {k} left the mask"
         self.steps += 1
 
 
@@ -46,18 +50,18 @@ def test_masks_survive_steps_with_ema_accumulation_and_bf16_amp(tmp_path):
     asp = ASPHook.from_config(cfg.asp)
     checker = StepChecker(asp)
     trainer = build_training(cfg, hooks=[asp, checker])
-    dense = {k: v.numpy().copy() for k, v in trainer.raw_model.state_dict().items()}
+    dense = {k: v.numpy().copy() for k, v in trainer.step.raw_model.state_dict().items()}
     trainer.fit()
     assert checker.steps == trainer.global_step == 2 * 2  # 32 images / (8 x 2 accumulate) x 2 epochs
     assert set(asp.masks) == {e.param for e in asp.entries if e.prune} and len(asp.masks) == 16
-    state = trainer.raw_model.state_dict()
+    state = trainer.step.raw_model.state_dict()
     for k, mask in asp.masks.items():
-        w, s = state[k].numpy(), trainer.ema.shadow[k].numpy()
+        w, s = state[k].numpy(), trainer.step.ema.shadow[k].numpy()
         assert (mask.reshape(-1).size // 2) == mask.sum()  # 2:4 keeps half
         assert not w[~mask].any() and not s[~mask].any()
         assert np.abs(w[mask] - dense[k][mask]).max() > 0  # kept weights trained
     # dense gradients: the momentum buffer of a pruned weight is non-zero where the mask is 0
-    velocity = trainer.optimizer._accumulators["velocity"]
+    velocity = trainer.step.optimizer._accumulators["velocity"]
     p = state["stages.1.0.conv2.conv.weight"]
     assert np.abs(velocity[p.name].numpy()[~asp.masks["stages.1.0.conv2.conv.weight"]]).max() > 0
     # the unpruned layers stayed dense
@@ -82,13 +86,14 @@ def test_kill_and_resume_keeps_identical_masks_and_weights(tmp_path):
     first = ASPHook()
     with guard():
         trainer = build_training(tiny_cfg(tmp_path / "killed", *extra), hooks=[first])
-        save = trainer.save
+        checkpoint = trainer.find_hook(Checkpoint)
+        save = checkpoint.save
 
         def save_then_die(improved):
             save(improved)
             raise Killed()
 
-        trainer.save = save_then_die
+        checkpoint.save = save_then_die
         with pytest.raises(Killed):
             trainer.fit()
     assert trainer.epoch == 1
@@ -101,10 +106,10 @@ def test_kill_and_resume_keeps_identical_masks_and_weights(tmp_path):
         assert all(np.array_equal(resumed_hook.masks[k], first.masks[k]) for k in first.masks)
         resumed.fit()
     assert all(np.array_equal(resumed_hook.masks[k], straight_hook.masks[k]) for k in first.masks)
-    a, b = straight.raw_model.state_dict(), resumed.raw_model.state_dict()
+    a, b = straight.step.raw_model.state_dict(), resumed.step.raw_model.state_dict()
     assert max(float(np.abs(a[k].numpy() - b[k].numpy()).max()) for k in a) == 0.0
     for k, mask in resumed_hook.masks.items():
-        assert not b[k].numpy()[~mask].any() and not resumed.ema.shadow[k].numpy()[~mask].any()
+        assert not b[k].numpy()[~mask].any() and not resumed.step.ema.shadow[k].numpy()[~mask].any()
 
     # resuming with different ASP settings is refused instead of silently re-pruning
     with guard(), pytest.raises(ConfigError, match="asp.mask_algo='mask_2d_greedy'"):
@@ -183,17 +188,16 @@ def test_masks_survive_to_static_training(tmp_path):
     asp = ASPHook()
     checker = StepChecker(asp)
     trainer = build_training(cfg, hooks=[asp, checker])
-    before = {k: v.numpy().copy() for k, v in trainer.raw_model.state_dict().items()}
+    before = {k: v.numpy().copy() for k, v in trainer.step.raw_model.state_dict().items()}
     trainer.fit()
     assert checker.steps == 2
-    state = trainer.raw_model.state_dict()
+    state = trainer.step.raw_model.state_dict()
     for k, mask in asp.masks.items():
         assert not state[k].numpy()[~mask].any()
         assert np.abs(state[k].numpy() - before[k]).max() > 0
 
 
 def test_masks_survive_static_graph_training_with_ema(tmp_path):
-    from ppdlx.engine import static_trainer
     cfg = tiny_cfg(tmp_path, "train.graph=static", "train.epochs=1", "data.synthetic.num_images=16",
                    "ema.enabled=true", "ema.decay=0.5")
     asp = ASPHook()
@@ -202,13 +206,14 @@ def test_masks_survive_static_graph_training_with_ema(tmp_path):
     class ScopeChecker:
         name = "scope_checker"
 
-        def after_optimizer_step(self, trainer):  # after the ASP hook: weights and EMA masked in the scope
+        def after_step(self):  # after the ASP hook: weights and EMA masked in the scope
+            step = self.trainer.step
             for k, mask in asp.masks.items():
-                assert not trainer.get_var(trainer.var_names[k])[~mask].any(), k
-                assert not trainer.get_var(trainer.pr.ema_shadow[k])[~mask].any(), k
-            seen.append(trainer.global_step)
+                assert not step.get_var(step.var_names[k])[~mask].any(), k
+                assert not step.get_var(step.pr.ema_shadow[k])[~mask].any(), k
+            seen.append(self.trainer.global_step)
 
-    trainer = static_trainer.build_static_training(cfg, hooks=[asp, ScopeChecker()])
+    trainer = build_training(cfg, hooks=[asp, ScopeChecker()])
     trainer.fit()
     assert seen == [1, 2] and len(asp.masks) == 16
     rows = {r["layer"]: r for r in asp.layer_report()}
@@ -221,28 +226,27 @@ def test_masks_survive_static_graph_training_with_ema(tmp_path):
 def test_static_masking_stays_on_the_device(tmp_path):
     """The static hook multiplies the scope tensors in place with masks built once on their device:
     after the masks are made, training steps copy no weight through host memory."""
-    from ppdlx.engine.static_trainer import build_static_training
     from tests.engine.test_static_feed import host_copies
     cfg = tiny_cfg(tmp_path, "train.graph=static", "train.epochs=1", "data.synthetic.num_images=16",
                    "ema.enabled=true", "ema.decay=0.5")
     asp = ASPHook()
-    trainer = build_static_training(cfg, hooks=[asp])
-    trainer._call_hooks("before_train")  # computes the masks from the weights (read once)
+    trainer = build_training(cfg, hooks=[asp])
+    trainer.call_hooks("before_train")  # computes the masks from the weights (read once)
     with host_copies() as copies:
         trainer.train_one_epoch()
     assert trainer.global_step == 2
     assert [c for c in copies if c[1] > 1] == []  # only the per-step scalars
+    step = trainer.step
     for k, mask in asp.masks.items():
-        assert not trainer.get_var(trainer.var_names[k])[~mask].any(), k
-        assert not trainer.get_var(trainer.pr.ema_shadow[k])[~mask].any(), k
-        assert trainer.get_var(trainer.var_names[k])[mask].all(), k
+        assert not step.get_var(step.var_names[k])[~mask].any(), k
+        assert not step.get_var(step.pr.ema_shadow[k])[~mask].any(), k
+        assert step.get_var(step.var_names[k])[mask].all(), k
 
 
 def test_static_amp_o2_masters_and_ema_are_masked(tmp_path):
     """bf16 O2 static program (elementwise Linear model: the bf16 ops this CPU runs): the hook
     masks the parameters, the fp32 masters the trainer lists and the EMA shadows."""
     from ppdlx.engine.amp import AmpPlan
-    from ppdlx.engine.static_trainer import build_static_training
     from tests.engine.test_static_amp import elementwise_cfg
     cfg = elementwise_cfg(tmp_path, "ema.enabled=true", "ema.decay=0.5")
     asp = ASPHook()
@@ -251,15 +255,16 @@ def test_static_amp_o2_masters_and_ema_are_masked(tmp_path):
     class ScopeChecker:
         name = "scope_checker"
 
-        def after_optimizer_step(self, trainer):
+        def after_step(self):
+            step = self.trainer.step
             for k, mask in asp.masks.items():
-                var = trainer.var_names[k]
-                for name in (var, trainer.master_names[var], trainer.pr.ema_shadow[k]):
-                    assert not trainer.get_var(name)[~mask].any(), (k, name)
-            seen.append(trainer.global_step)
+                var = step.var_names[k]
+                for name in (var, step.master_names[var], step.pr.ema_shadow[k]):
+                    assert not step.get_var(name)[~mask].any(), (k, name)
+            seen.append(self.trainer.global_step)
 
     # O2 forced: this CPU's planner refuses it (its sgd kernel ignores the masters)
-    trainer = build_static_training(cfg, hooks=[asp, ScopeChecker()], amp=AmpPlan(True, "bfloat16", "O2", False))
+    trainer = build_training(cfg, hooks=[asp, ScopeChecker()], amp=AmpPlan(True, "bfloat16", "O2", False))
     trainer.fit()
     assert seen == [1, 2, 3, 4] and list(asp.masks) == ["hidden.weight"]
-    assert "_fp32_master" in trainer.master_names[trainer.var_names["hidden.weight"]]
+    assert "_fp32_master" in trainer.step.master_names[trainer.step.var_names["hidden.weight"]]

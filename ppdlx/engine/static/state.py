@@ -1,6 +1,6 @@
 """Checkpoint state <-> the scope variables of a static train program.
 
-The static trainer writes and reads the dynamic trainer's checkpoint layout; this module owns the
+The static step writes and reads the dynamic trainer's checkpoint layout; this module owns the
 mapping. What lives where in the scope:
 
 * parameters, under the program names of the Layer's ``state_dict`` (low precision under AMP O2);

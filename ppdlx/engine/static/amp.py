@@ -1,4 +1,5 @@
-"""Static-graph AMP (``train.graph=static`` with ``amp.enabled``): the plan and the program pieces.
+"""Static-graph AMP (``train.graph=static`` with ``amp.enabled``): the plan and the program pieces
+(the probe step the plan runs on CPU is :mod:`ppdlx.engine.static.probe`).
 
 The update is Paddle's PIR static AMP recipe: ``paddle.amp.decorate`` (O2 casts the parameters to
 the low precision in the programs and makes the optimizer keep float32 masters), ``auto_cast``
@@ -14,13 +15,12 @@ from typing import Callable, Optional, Tuple
 
 import paddle
 
-from ppdlx.engine.amp import AmpPlan, build_scaler, plan_amp
-from ppdlx.engine.static_state import LossScaling
+from ppdlx.engine.amp import AmpPlan, plan_amp
+from ppdlx.engine.static.state import LossScaling
 from ppdlx.errors import UnsupportedError
 
 
-def plan(amp_cfg, device: str, use_pir: bool,
-                    probe: Callable[[str, str], Tuple[bool, str]]) -> AmpPlan:
+def plan(amp_cfg, device: str, use_pir: bool, probe: Callable[[str, str], Tuple[bool, str]]) -> AmpPlan:
     """``plan_amp`` (same one-line errors: fp16 needs a GPU) plus what static AMP can do here.
 
     On CPU, ``probe(dtype, level)`` runs one static AMP train step of the configured model and
@@ -56,10 +56,10 @@ def decorate(amp: AmpPlan, model, optimizer):
                                master_weight=True)
 
 
-def append_update(amp: AmpPlan, amp_cfg, amp_optimizer, loss, ema_update: Optional[Callable]) -> Optional[LossScaling]:
+def append_update(amp: AmpPlan, scaler, amp_optimizer, loss, ema_update: Optional[Callable]) -> Optional[LossScaling]:
     """Backward, unscale, update [, EMA]; returns the loss-scaling variables to checkpoint (None
-    without loss scaling, as the dynamic trainer has no scaler then)."""
-    scaler = build_scaler(amp, amp_cfg)
+    without loss scaling, as the dynamic trainer has no scaler then). ``scaler``: the
+    ``paddle.amp.GradScaler`` the config asks for (:func:`ppdlx.engine.amp.build_scaler`), or None."""
     if scaler is None:
         scaler = paddle.amp.GradScaler(init_loss_scaling=1.0, use_dynamic_loss_scaling=False)
     scaled = scaler.scale(loss)  # may switch dynamic scaling off (Paddle does for non-fp16 dtypes)

@@ -1,0 +1,168 @@
+"""The dygraph step strategy (``train.graph`` ``dynamic`` and ``to_static``).
+
+``to_static`` is not a separate strategy: the model's forward is compiled (``paddle.jit.to_static``,
+AST, ``full_graph=True``; bit-identical to dynamic under PIR and legacy IR) and everything else --
+backward, the update, the loss scaler -- is this step, because the train step itself cannot be
+AST-converted (``loss.backward``; docs/graph_modes.md).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Optional
+
+import numpy as np
+import paddle
+
+from ppdlx.engine import dist
+from ppdlx.engine.amp import AmpPlan, autocast, evaluated_in_float32, float32_state, set_state_cast
+from ppdlx.engine.step import Step, StepResult, WeightAccess
+
+_LOW_PRECISION = (paddle.float16, paddle.bfloat16)
+
+
+def master_weights(optimizer) -> dict:
+    """Parameter name -> fp32 master of an AMP O2 / ``multi_precision`` optimizer (wrapped or not)."""
+    for opt in (optimizer, getattr(optimizer, "_inner_opt", None), getattr(optimizer, "_optimizer", None)):
+        mw = getattr(opt, "_master_weights", None)
+        if isinstance(mw, dict) and mw:
+            return mw
+    return {}
+
+
+class LayerWeights(WeightAccess):
+    """:class:`WeightAccess` over a dygraph Layer, its optimizer's masters and a ``ModelEMA``."""
+
+    def __init__(self, model, optimizer=None, ema=None):
+        self.model, self.optimizer, self.ema = model, optimizer, ema
+        self._state = model.state_dict()
+
+    def copies(self, name: str) -> dict:
+        p = self._state[name]
+        out = {"param": lambda: p}
+        master = master_weights(self.optimizer).get(p.name) if self.optimizer is not None else None
+        if master is not None:
+            out["master"] = lambda: master
+        shadow = getattr(self.ema, "shadow", None) or {}
+        if name in shadow:
+            out["ema"] = lambda: shadow[name]
+        return out
+
+    def read(self, name: str) -> np.ndarray:
+        p = self._state[name]
+        value = master_weights(self.optimizer).get(p.name, p) if self.optimizer is not None else p
+        return (value if value.dtype == paddle.float32 else value.astype("float32")).numpy()
+
+    def masters_pending(self, name: str) -> bool:
+        p = self._state[name]
+        return (self.optimizer is not None and p.dtype in _LOW_PRECISION
+                and p.name not in master_weights(self.optimizer))
+
+
+class DynamicStep(Step):
+    """Forward and backward per micro-batch; on the window's last one, every rank's verdict on its
+    losses decides the update (a skipped window is skipped on all ranks, so DataParallel's
+    collectives stay paired), through the loss scaler when there is one."""
+
+    def __init__(self, model, raw_model, optimizer, objective, amp: AmpPlan, scaler=None, ema=None,
+                 accumulate: int = 1, world_size: int = 1):
+        self.model = model          # what runs the forward (DataParallel- or to_static-wrapped)
+        self.raw_model = raw_model  # the Layer: checkpoints, EMA and evaluation use its names
+        self.optimizer, self.objective, self.amp = optimizer, objective, amp
+        self.scaler, self.ema = scaler, ema
+        self.accumulate, self.world_size = accumulate, world_size
+        self._window_finite = None
+
+    def train_mode(self) -> None:
+        self.model.train()
+
+    def _progress(self):
+        t = self.trainer
+        return (t.epoch, t.global_step) if t is not None else (0, 0)
+
+    def run(self, batch, last_of_window: bool) -> StepResult:
+        sync = contextlib.nullcontext()
+        if self.world_size > 1 and not last_of_window and hasattr(self.model, "no_sync"):
+            sync = self.model.no_sync()
+        with sync:
+            with autocast(self.amp):
+                loss, n_images = self.objective(self.model, batch, *self._progress())
+            finite = paddle.isfinite(loss).all()
+            self._window_finite = finite if self._window_finite is None else \
+                paddle.logical_and(self._window_finite, finite)
+            scaled = loss / self.accumulate if self.accumulate > 1 else loss
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        if not last_of_window:
+            return StepResult(loss, None, False, n_images)
+        finite, self._window_finite = self._all_ranks(self._window_finite), None
+        # The window's gradients were all-reduced whatever its losses (every rank ran backward); now
+        # step or skip.
+        if self.scaler is not None:
+            # The scaler skips an update with non-finite gradients itself, identically on every rank:
+            # the verdict stays on the device until the loop logs.
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            applied = True
+        else:
+            finite = bool(finite)  # the one host read per optimizer step: the skip decision needs it
+            applied = finite
+            if applied:
+                self.optimizer.step()
+        self.optimizer.clear_grad(set_to_zero=False)
+        return StepResult(loss, finite, applied, n_images)
+
+    def _all_ranks(self, flag):
+        """All ranks' verdict (a device tensor): every rank skips or applies the same steps, and a
+        persistent NaN stops them all at the same step."""
+        if self.world_size > 1:
+            flag = flag.astype("int32")
+            dist.all_reduce_min_(flag)
+        return flag
+
+    def update_ema(self) -> None:
+        if self.ema is not None:
+            self.ema.update(self.raw_model, self.optimizer)
+
+    def evaluate(self, evaluator, use_ema: bool) -> dict:
+        with evaluated_in_float32(self.raw_model, self.optimizer):
+            if self.ema is not None and use_ema:
+                with self.ema.swapped_into(self.raw_model):
+                    metrics = evaluator(self.raw_model)
+                metrics["weights"] = "ema"
+                return metrics
+            return evaluator(self.raw_model)
+
+    def running_statistics(self) -> list:
+        """DataParallel all-reduces gradients, not buffers: each rank's BatchNorm statistics follow
+        its own shard (and so do their EMA shadows)."""
+        statistics = dist.running_statistics(self.raw_model)
+        shadows = [self.ema.shadow[n] for n in statistics if n in self.ema.shadow] if self.ema is not None else []
+        return list(statistics.values()) + shadows
+
+    def check_in_sync(self, when: str) -> None:
+        dist.check_parameters_in_sync(self.raw_model, when)
+
+    def model_state(self) -> dict:
+        return float32_state(self.raw_model, self.optimizer)
+
+    def optimizer_state(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def state_dict(self) -> dict:
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+
+    def load_state(self, model_state: dict, optimizer_state: Optional[dict], states: dict) -> None:
+        set_state_cast(self.raw_model, model_state)  # float32 on disk; O2 parameters are fp16
+        if optimizer_state is not None:
+            self.optimizer.set_state_dict(optimizer_state)
+        if self.scaler is not None and "scaler" in states:
+            self.scaler.load_state_dict(states["scaler"])
+
+    def weights(self) -> LayerWeights:
+        return LayerWeights(self.raw_model, self.optimizer, self.ema)
+
+
+def compile_forward(model: Any):
+    """``train.graph=to_static``: the model's forward as one static program (see the module doc)."""
+    from ppdlx.engine.static.ir_compat import check_graph_flags
+    check_graph_flags("to_static")  # oneDNN flags break run_program ("dst_tensor ... defined")
+    return paddle.jit.to_static(model, full_graph=True)

@@ -1,0 +1,89 @@
+"""The run plan: what this run does on this machine, decided once from the (frozen) config.
+
+The config says what was asked for (``global.cpu_fast_kernels: auto``, ``amp.dtype: bfloat16``,
+``global.cpu_threads: null``); the plan says what runs (NHWC with oneDNN kernels or not, AMP or
+float32 and why, how many threads, which graph and IR). It is logged in one line and written to
+``<output_dir>/plan.yaml`` next to ``config.yaml``; builders read the config through
+:meth:`RunPlan.configure`, which carries the plan's data layout.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from types import SimpleNamespace
+
+import paddle
+
+from ppdlx.config import save_yaml
+from ppdlx.engine import dist
+from ppdlx.engine.amp import AmpPlan
+from ppdlx.engine.builders import resolve_device
+from ppdlx.engine.cpu_kernels import plan_fast_cpu_kernels
+from ppdlx.engine.logger import setup_logging
+
+log = logging.getLogger("ppdlx")
+
+
+@dataclass(frozen=True)
+class RunEnv:
+    rank: int
+    world_size: int
+    device: str
+    cpu_threads: int
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    rank: int
+    world_size: int
+    device: str
+    cpu_threads: int
+    graph: str                # dynamic | to_static | static
+    ir: str                   # the static IR of static programs ("PIR", legacy IR); "dygraph" otherwise
+    data_format: str          # the layout models and loaders use (cpu_fast_kernels may switch it)
+    fast_cpu_kernels: bool
+    amp: AmpPlan
+
+    def configure(self, cfg):
+        """``cfg`` as the builders must see it: with the planned data layout."""
+        if cfg.model.data_format == self.data_format:
+            return cfg
+        return cfg.replace({"model.data_format": self.data_format})
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["amp"] = {k: v for k, v in out["amp"].items() if k != "note" or v}
+        return out
+
+    def line(self) -> str:
+        amp = f"{self.amp.dtype} {self.amp.level}" if self.amp.enabled else "off (float32)"
+        return (f"plan: device {self.device} ({self.cpu_threads} CPU threads), {self.world_size} rank(s); "
+                f"graph {self.graph} ({self.ir}); {self.data_format}, fast CPU kernels "
+                f"{'on' if self.fast_cpu_kernels else 'off'}; amp {amp}")
+
+    def save(self, path: str) -> None:
+        save_yaml(self.to_dict(), path)
+
+
+def start_run(cfg, collective_programs: bool = False) -> RunEnv:
+    """Process set-up every entry point does: data-parallel init, logging, device, CPU threads."""
+    rank, world = dist.init(collective_programs)
+    setup_logging(rank)
+    device = resolve_device(cfg.global_.device)
+    paddle.set_device(device)
+    return RunEnv(rank, world, device, dist.configure_cpu_threads(cfg.global_.cpu_threads))
+
+
+def plan_cpu_kernels(cfg, device: str):
+    """``(fast kernels on, data layout)`` as :func:`ppdlx.engine.cpu_kernels.plan_fast_cpu_kernels`
+    decides them. That function writes its decision into the object it is given; it gets a
+    throwaway copy of the config's values, so the frozen config keeps what was asked for."""
+    scratch = _namespace(cfg.model_dump())
+    on = plan_fast_cpu_kernels(scratch, device)
+    return bool(on), scratch.model.data_format
+
+
+def _namespace(value):
+    if isinstance(value, dict):
+        return SimpleNamespace(**{k: _namespace(v) for k, v in value.items()})
+    return value

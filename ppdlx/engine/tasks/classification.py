@@ -1,0 +1,98 @@
+"""The classification task (``data.dataset: image_folder``): top-1/top-5, label-smoothed
+cross-entropy with mixup, knowledge distillation, every graph mode."""
+from __future__ import annotations
+
+import inspect
+
+from ppdlx.data.loader import build_classification_loader
+from ppdlx.engine.amp import build_scaler
+from ppdlx.engine.builders import build_model
+from ppdlx.engine.evaluator import ClassificationEvaluator
+from ppdlx.engine.objectives import ClassificationObjective
+from ppdlx.engine.tasks.base import Task, TaskData
+from ppdlx.errors import ConfigError, UnsupportedError
+from ppdlx.losses import build_loss
+from ppdlx.optim import param_groups
+from ppdlx.registry import OPTIMIZERS, TASKS
+
+
+def classes_of(loader):
+    """The class folder names a loader reads (None for synthetic data)."""
+    if getattr(loader, "classes", None) is not None:
+        return loader.classes
+    return getattr(getattr(loader, "dataset", None), "classes", None)
+
+
+def optimizer_groups(cfg, model):
+    """``ppdlx.optim.param_groups`` for this config (whichever optional knobs it takes)."""
+    o = cfg.optimizer
+    kwargs = {}
+    if "decay_params" in inspect.signature(param_groups).parameters and hasattr(o, "decay_params"):
+        kwargs["decay_params"] = o.decay_params
+    return param_groups(model, o.weight_decay, o.decay_bn_and_bias, **kwargs)
+
+
+class Classification(Task):
+    name = "classification"
+    datasets = ("image_folder",)
+    graphs = ("dynamic", "to_static", "static")
+    report_keys = ("top1", "top5", "images", "seconds")
+    train_extra_keys = ("loss",)
+    best = "top1"
+    headline = eval_headline = ("top1", "top5")
+
+    def validate(self, cfg) -> None:
+        super().validate(cfg)
+        if cfg.train.graph == "static" and cfg.distill.enabled:
+            raise UnsupportedError("train.graph=static does not support distill.enabled (the teacher runs in the "
+                                   "dynamic objective); use train.graph=dynamic")
+
+    def build_data(self, cfg, rank: int, world: int) -> TaskData:
+        train_cfg = cfg
+        if cfg.distill.enabled:  # training batches at the teacher's resolution (ppdlx.engine.distill)
+            from ppdlx.engine.distill import teacher_data_config
+            train_cfg = teacher_data_config(cfg)
+        train_loader = build_classification_loader(train_cfg, "train", rank, world)
+        classes = classes_of(train_loader)
+        num_classes = cfg.model.num_classes
+        if classes is not None and len(classes) != num_classes:
+            raise ConfigError(f"model.num_classes={num_classes} but {cfg.data.root}/{cfg.data.train_split} has "
+                              f"{len(classes)} class folders; set model.num_classes={len(classes)}")
+        val_loader = build_classification_loader(cfg, "val", rank, world, batch_size=cfg.eval.batch_size,
+                                                 classes=classes)
+        return TaskData(train_loader, val_loader, num_classes)
+
+    def build_model(self, cfg, num_classes: int):
+        return build_model(cfg, num_classes)
+
+    def build_objective(self, cfg, model, data: TaskData, world: int):
+        criterion = build_loss(cfg, data.num_classes)
+        if cfg.distill.enabled:
+            from ppdlx.engine.distill import build_distillation_objective
+            return build_distillation_objective(cfg, criterion)
+        return ClassificationObjective(criterion, cfg.train.mixup_alpha, cfg.global_.seed)
+
+    def build_evaluator(self, cfg, model, val_loader, rank: int, world: int, amp=None):
+        return ClassificationEvaluator(val_loader, cfg.eval.topk)
+
+    def build_eval_data(self, cfg, rank: int, world: int):
+        return build_classification_loader(cfg, "val", rank, world, batch_size=cfg.eval.batch_size), \
+            cfg.model.num_classes
+
+    def program_spec(self, cfg, num_classes: int):
+        from ppdlx.engine.static.program import ProgramSpec
+        return ProgramSpec(
+            build_model=lambda: build_model(cfg), build_loss=lambda: build_loss(cfg, num_classes),
+            param_groups=lambda model: optimizer_groups(cfg, model),
+            build_optimizer=lambda lr, params, multi_precision: OPTIMIZERS.build(
+                cfg.optimizer.name, lr=lr, groups=params, cfg=cfg, multi_precision=multi_precision),
+            data_format=cfg.model.data_format, accumulate=cfg.train.accumulate, mixup=cfg.train.mixup_alpha > 0,
+            ema=cfg.ema.enabled, build_scaler=lambda amp: build_scaler(amp, cfg.amp))
+
+    def export_spec(self, cfg, model) -> dict:
+        from ppdlx.export.families import classification_export_spec
+        return classification_export_spec(cfg.data.transforms, cfg.export.output,
+                                          int(getattr(model, "num_classes", cfg.model.num_classes)))
+
+
+TASKS.register("classification")(Classification())

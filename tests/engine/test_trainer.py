@@ -1,0 +1,167 @@
+"""``Trainer(step, hooks)``: the loop's contract with its step strategy and its hooks, on a step of
+known results (the real trainings are tests/engine/test_training.py, test_static.py, ...), and the
+structure the loop stands for: one trainer class, hooks that never ask which trainer they are in,
+no task tests outside the task plug-ins."""
+import ast
+import os
+import re
+
+import paddle
+import pytest
+
+from ppdlx.engine.hooks import Hook
+from ppdlx.engine.step import Step, StepResult
+from ppdlx.engine.trainer import NonFiniteLossError, Trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class ListLoader(list):
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+
+class ScriptedStep(Step):
+    """Returns ``finite[i]`` for the i-th window; records what the loop fed it."""
+
+    def __init__(self, finite, on_device=False):
+        self.finite, self.on_device, self.calls = list(finite), on_device, []
+        self.windows = 0
+
+    def run(self, batch, last_of_window):
+        self.calls.append((batch, last_of_window, self.trainer.epoch, self.trainer.global_step))
+        if not last_of_window:
+            return StepResult(1.0, None, False, 2)
+        ok = self.finite[self.windows % len(self.finite)]
+        self.windows += 1
+        finite = paddle.to_tensor(ok) if self.on_device else ok
+        return StepResult(1.0, finite, True if self.on_device else ok, 2)
+
+    def state_dict(self):
+        return {"graph": "scripted"}
+
+
+class Recorder(Hook):
+    def __init__(self, name, log, state=None):
+        self.name, self.log, self.state = name, log, state
+
+    def before_train(self):
+        self.log.append((self.name, "before_train"))
+
+    def before_epoch(self):
+        self.log.append((self.name, "before_epoch"))
+
+    def before_step(self):
+        self.log.append((self.name, "before_step"))
+
+    def after_step(self):
+        self.log.append((self.name, "after_step", self.trainer.result.applied, self.trainer.global_step))
+
+    def after_epoch(self):
+        self.log.append((self.name, "after_epoch", self.trainer.epoch))
+
+    def after_train(self):
+        self.log.append((self.name, "after_train"))
+
+
+class Stateful(Hook):
+    name = "counter"
+
+    def __init__(self):
+        self.value = 0
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def set_state_dict(self, state):
+        self.value = state["value"]
+
+
+def test_hooks_run_in_order_around_micro_batches_and_windows():
+    log = []
+    step = ScriptedStep([True, False, True])
+    trainer = Trainer(step, [Recorder("a", log), Recorder("b", log)], train_loader=ListLoader(range(7)), epochs=2,
+                      accumulate=2, log_interval=100)
+    trainer.fit()
+    # 7 micro-batches, accumulate 2: 3 windows per epoch (the 7th batch is dropped), fed in order with the
+    # loop's progress; the second window of each epoch is skipped (not applied, not counted)
+    assert [c[:2] for c in step.calls[:6]] == [(0, False), (1, True), (2, False), (3, True), (4, False), (5, True)]
+    assert len(step.calls) == 12 and trainer.global_step == 4 and trainer.skipped_steps == 2
+    assert step.calls[6][2:] == (1, 2)  # epoch 1 starts after 2 applied steps
+    first_epoch = log[:2 + 2 + 3 * 4 + 2]
+    assert first_epoch[:3] == [("a", "before_train"), ("b", "before_train"), ("a", "before_epoch")]
+    assert first_epoch[4:8] == [("a", "before_step"), ("b", "before_step"), ("a", "after_step", True, 1),
+                                ("b", "after_step", True, 1)]
+    assert first_epoch[10:12] == [("a", "after_step", False, 1), ("b", "after_step", False, 1)]
+    assert first_epoch[-2:] == [("a", "after_epoch", 1), ("b", "after_epoch", 1)]
+    assert log[-2:] == [("a", "after_train"), ("b", "after_train")]
+
+
+def test_nonfinite_windows_stop_the_run_after_the_limit():
+    trainer = Trainer(ScriptedStep([True, False]), train_loader=ListLoader(range(4)), epochs=1,
+                      max_nonfinite_steps=1)
+    with pytest.raises(NonFiniteLossError, match=r"NaN/inf for 1 consecutive steps \(epoch 1, step 1\)"):
+        trainer.fit()
+
+
+def test_device_verdicts_are_read_only_at_log_steps():
+    """A loss scaler's verdict stays on the device: counted there, read when the loop logs."""
+    trainer = Trainer(ScriptedStep([False], on_device=True), train_loader=ListLoader(range(5)), epochs=1,
+                      log_interval=3, max_nonfinite_steps=3)
+    with pytest.raises(NonFiniteLossError, match="for 3 consecutive steps"):
+        trainer.fit()
+    assert trainer.step_in_epoch == 3  # windows 1 and 2 passed unread
+
+
+def test_checkpoint_state_collects_run_step_and_hook_state_and_resume_restores_it(tmp_path):
+    from ppdlx.engine import checkpoint as ckpt
+    hook = Stateful()
+    trainer = Trainer(ScriptedStep([True]), [hook], train_loader=ListLoader(range(3)), epochs=1)
+    trainer.fit()
+    hook.value, trainer.best_metric = 5, 0.5
+    model_state, optimizer_state, states = {"w": paddle.ones([2])}, {}, trainer.state_dict()
+    assert {"epoch", "global_step", "best_metric", "last_metrics", "rng", "graph", "hook:counter"} <= set(states)
+    ckpt.save_checkpoint(str(tmp_path / "latest"), model_state, optimizer_state, states)
+
+    class Loading(ScriptedStep):
+        def load_state(self, model_state, optimizer_state, states):
+            self.loaded = (sorted(model_state), states["graph"])
+
+    other_hook, step = Stateful(), Loading([True])
+    other = Trainer(step, [other_hook], train_loader=ListLoader(range(3)), epochs=2)
+    other.resume(str(tmp_path / "latest"))
+    assert (other.epoch, other.global_step, other.best_metric, other_hook.value) == (1, 3, 0.5, 5)
+    assert step.loaded == (["w"], "scripted")
+
+
+def _python_files(*roots):
+    for root in roots:
+        path = os.path.join(ROOT, root)
+        if os.path.isfile(path):
+            yield path
+            continue
+        for directory, _, files in os.walk(path):
+            yield from (os.path.join(directory, f) for f in files if f.endswith(".py"))
+
+
+def test_one_trainer_class():
+    """Before: ``StaticTrainer`` re-implemented ``Trainer``'s loop, save, resume and finite check."""
+    loops = [f"{os.path.relpath(path, ROOT)}:{node.name}" for path in _python_files("ppdlx")
+             for node in ast.walk(ast.parse(open(path, encoding="utf-8").read()))
+             if isinstance(node, ast.ClassDef) and any(isinstance(f, ast.FunctionDef) and f.name in
+                                                       ("fit", "train_one_epoch", "resume") for f in node.body)]
+    assert loops == ["ppdlx/engine/trainer.py:Trainer"]
+
+
+TASK_TESTS = re.compile(r'hasattr\(trainer|dataset == "coco"|startswith\("efficientdet"\)|"AP" in '
+                        r'|hasattr\(model, "anchor_args"\)')
+
+
+def test_no_task_or_trainer_tests_outside_the_task_plugins():
+    """Before: five ways of asking "is this detection?" and hooks asking ``hasattr(trainer, "scope")``."""
+    found = [f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}"
+             for path in _python_files("ppdlx/engine", "ppdlx/config", "ppdlx/sparsity", "tools/train.py",
+                                       "tools/eval.py", "tools/prune_asp.py")
+             if not path.startswith(os.path.join(ROOT, "ppdlx", "engine", "tasks"))
+             for i, line in enumerate(open(path, encoding="utf-8"), 1) if TASK_TESTS.search(line)]
+    assert found == []
