@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ppdlx.analysis.coco_scan import scan_coco_split
 from ppdlx.analysis.data_scan import SplitReport, cross_split_duplicates, scan_image_folder_split
@@ -78,18 +79,9 @@ class DataReport:
 def check_data(cfg, decode: bool = True, hash_files: bool = True, config_path: str = "") -> DataReport:
     """Scan ``cfg.data``'s train and val splits. ``decode=False, hash_files=False`` only walks directories and
     reads annotations (seconds even for ImageNet): what a start-of-training check can afford."""
-    data = cfg.data
-    if data.dataset == "coco":
-        from ppdlx.data.coco import coco_paths
-        splits = {}
-        for split in ("train", "val"):
-            json_path, image_dir = coco_paths(cfg, split)
-            splits[split] = scan_coco_split(json_path, image_dir, split, data.backend, decode, hash_files)
-        report = DataReport("detection", splits, config=config_path, hashed=hash_files)
-    else:
-        splits = {name: scan_image_folder_split(data.root, folder, name, data.backend, decode, hash_files)
-                  for name, folder in (("train", data.train_split), ("val", data.val_split))}
-        report = DataReport("classification", splits, config=config_path, hashed=hash_files)
+    kind = _DATASET_KINDS[cfg.data.dataset]
+    splits = {split: kind.scan(cfg, split, decode, hash_files) for split in ("train", "val")}
+    report = DataReport(kind.task, splits, config=config_path, hashed=hash_files)
     report.duplicates = cross_split_duplicates(splits["train"], splits["val"])
     _judge(report, cfg)
     return report
@@ -112,7 +104,32 @@ def _stops_on_unreadable(cfg) -> bool:
     """Whether the configured loader stops (instead of skipping) at a file it cannot decode."""
     if cfg.data.backend != "dali":
         return False
-    return cfg.data.dataset == "coco" or cfg.data.dali.corrupt_files == "error"
+    return _DATASET_KINDS[cfg.data.dataset].dali_always_stops or cfg.data.dali.corrupt_files == "error"
+
+
+def _scan_coco(cfg, split: str, decode: bool, hash_files: bool) -> SplitReport:
+    from ppdlx.data.coco import coco_paths
+    json_path, image_dir = coco_paths(cfg, split)
+    return scan_coco_split(json_path, image_dir, split, cfg.data.backend, decode, hash_files)
+
+
+def _scan_image_folder(cfg, split: str, decode: bool, hash_files: bool) -> SplitReport:
+    folder = cfg.data.train_split if split == "train" else cfg.data.val_split
+    return scan_image_folder_split(cfg.data.root, folder, split, cfg.data.backend, decode, hash_files)
+
+
+@dataclass(frozen=True)
+class _DatasetKind:
+    task: str                 # the words the report uses (DataReport.task)
+    scan: Callable            # (cfg, split, decode, hash_files) -> SplitReport
+    dali_always_stops: bool   # its DALI reader stops at an undecodable file whatever data.dali.corrupt_files says
+
+
+# By data.dataset (the DATASETS names): the report reads files, so it asks the dataset's format. It cannot
+# ask ppdlx.engine.tasks.task_of: the engine imports this module (start-of-training check) and the task
+# plug-ins import ppdlx.analysis (run analysis), so that import would close a cycle.
+_DATASET_KINDS = {"coco": _DatasetKind("detection", _scan_coco, True),
+                  "image_folder": _DatasetKind("classification", _scan_image_folder, False)}
 
 
 def _judge(report: DataReport, cfg) -> None:

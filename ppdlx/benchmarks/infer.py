@@ -239,8 +239,11 @@ def run(args) -> dict:
     overrides = list(flatten_overrides(args.override)) + [
         f"data.transforms.crop_size={args.resolution}", f"data.transforms.resize_short={int(args.resolution * 8 / 7)}"]
     cfg = load_config(args.config, overrides)
-    if cfg.model.name.startswith("efficientdet"):
-        raise ConfigError("benchmark infer: classification models only (model.name=%s)" % cfg.model.name)
+    from ppdlx.engine.tasks import task_of
+    task = task_of(cfg)
+    if task.name != "classification":
+        raise ConfigError(f"benchmark infer: classification models only (data.dataset={cfg.data.dataset} is "
+                          f"{task.name} data, model.name={cfg.model.name})")
     model_dir = os.path.abspath(args.model_dir or os.path.join(cfg.global_cfg.output_dir, "bench_infer"))
     export = _ensure_export(cfg, model_dir, args.format, args.reexport)
 

@@ -31,15 +31,13 @@ colour per channel (``rand``) or zeros (``const``).
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
+from ppdlx.config.randaugment import LEVEL_DENOM, RandAugmentSpec, parse_rand_augment
 from ppdlx.errors import ConfigError
 
-LEVEL_DENOM = 10.0
 _RESAMPLE = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
 
 RAND_TRANSFORMS = ("AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "SolarizeAdd", "Color",
@@ -144,45 +142,9 @@ def level_to_arg(name: str, magnitude: float, rng):
 
 
 # ------------------------------------------------------------------------------ RandAugment
-@dataclass(frozen=True)
-class RandAugmentSpec:
-    magnitude: float = 10.0
-    num_layers: int = 2
-    magnitude_std: float = 0.0
-    magnitude_max: float = LEVEL_DENOM
-    prob: float = 0.5
-    increasing: bool = False
-
-    @property
-    def ops(self):
-        return RAND_INCREASING_TRANSFORMS if self.increasing else RAND_TRANSFORMS
-
-
-def parse_rand_augment(spec: str, key: str = "data.transforms.randaugment") -> RandAugmentSpec:
-    """``"rand-m9-mstd0.5"`` -> RandAugmentSpec (timm's ``rand_augment_transform`` string)."""
-    parts = str(spec).split("-")
-    if parts[0] != "rand":
-        raise ConfigError(f"{key}={spec!r}: must start with 'rand' (e.g. 'rand-m9-mstd0.5')")
-    values = {}
-    for part in parts[1:]:
-        pieces = re.split(r"(\d.*)", part)
-        if len(pieces) < 2 or pieces[0] not in ("m", "n", "mstd", "mmax", "inc", "p"):
-            raise ConfigError(f"{key}={spec!r}: unknown section {part!r}; sections are m<magnitude>, n<ops>, "
-                              f"mstd<std>, mmax<cap>, inc<0|1>, p<prob> (e.g. 'rand-m9-mstd0.5')")
-        name, raw = pieces[0], pieces[1]
-        try:
-            values[name] = float(raw)
-        except ValueError:
-            raise ConfigError(f"{key}={spec!r}: section {part!r} is not a number") from None
-    mstd = values.get("mstd", 0.0)  # timm: mstd > 100 means "uniform in [0, m]"
-    if mstd > 100:
-        mstd = float("inf")
-    out = RandAugmentSpec(magnitude=values.get("m", 10.0), num_layers=int(values.get("n", 2)), magnitude_std=mstd,
-                          magnitude_max=values.get("mmax", LEVEL_DENOM), prob=values.get("p", 0.5),
-                          increasing=bool(values.get("inc", 0)))
-    if out.num_layers < 0 or not 0.0 <= out.prob <= 1.0 or out.magnitude < 0:
-        raise ConfigError(f"{key}={spec!r}: need n >= 0, m >= 0 and 0 <= p <= 1")
-    return out
+def rand_augment_ops(spec: RandAugmentSpec) -> tuple:
+    """The op names ``spec`` draws from: timm's increasing set with ``inc1``, its default set otherwise."""
+    return RAND_INCREASING_TRANSFORMS if spec.increasing else RAND_TRANSFORMS
 
 
 class RandAugment:
@@ -220,7 +182,7 @@ class RandAugment:
         return op(img) if arg is None else op(img, arg)
 
     def choose_ops(self, rng):
-        ops = self.spec.ops
+        ops = rand_augment_ops(self.spec)
         return [ops[i] for i in rng.integers(0, len(ops), size=self.spec.num_layers)]
 
     def __call__(self, img, rng):

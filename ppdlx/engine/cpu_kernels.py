@@ -68,31 +68,28 @@ def conv1x1_as_matmul(model, strided: bool = True) -> int:
     return count
 
 
-def _applies(cfg, device: str) -> str | None:
+def _applies(device: str, graph: str, distill_enabled: bool) -> str | None:
     """Why the fast CPU kernels do not apply to this run, or None."""
     if device != "cpu":
         return f"device is {device}"
-    if cfg.train.graph != "dynamic":
-        return f"train.graph={cfg.train.graph} (dynamic graph only)"
-    if cfg.distill.enabled:
+    if graph != "dynamic":
+        return f"train.graph={graph} (dynamic graph only)"
+    if distill_enabled:
         return "distillation is on (the teacher keeps its own layout)"
     return None
 
 
-def plan_fast_cpu_kernels(cfg, device: str) -> bool:
-    """Decides ``global.cpu_fast_kernels`` for a training run: ``auto`` turns them on where they
-    apply and the oneDNN op builds (otherwise one log line says why not), ``true`` insists (error if
-    the op cannot be built), ``false`` keeps Paddle's kernels. When on, sets
-    ``cfg.model.data_format = "NHWC"`` so that loaders, model and the saved config agree, and
-    writes the decision back into ``cfg.global_.cpu_fast_kernels``."""
-    setting = cfg.global_.cpu_fast_kernels
+def plan_fast_cpu_kernels(setting, device: str, graph: str, distill_enabled: bool) -> bool:
+    """Whether a training run uses the fast CPU kernels, from ``global.cpu_fast_kernels`` (``setting``):
+    ``auto`` turns them on where they apply and the oneDNN op builds (otherwise one log line says
+    why not), ``true`` insists (error if the op cannot be built), ``false`` keeps Paddle's kernels.
+    A run with them on trains in NHWC; the caller plans that layout."""
     if setting is False:
         return False
-    not_here = _applies(cfg, device)
+    not_here = _applies(device, graph, distill_enabled)
     if not_here:
         if setting is True:
             log.info("global.cpu_fast_kernels=true not applied: %s", not_here)
-        cfg.global_.cpu_fast_kernels = False
         return False
     reason = onednn.unavailable_reason()
     if reason is None:
@@ -104,13 +101,7 @@ def plan_fast_cpu_kernels(cfg, device: str) -> bool:
         if setting is True:
             raise UnsupportedError(f"global.cpu_fast_kernels=true: {reason}; or set global.cpu_fast_kernels=false")
         log.info("global.cpu_fast_kernels=auto: off, %s; CPU training uses Paddle's slower conv kernels", reason)
-        cfg.global_.cpu_fast_kernels = False
         return False
-    if cfg.model.data_format != "NHWC":
-        log.info("global.cpu_fast_kernels: training in NHWC on CPU (model.data_format was %s; checkpoints "
-                 "are layout-free; global.cpu_fast_kernels=false keeps it)", cfg.model.data_format)
-        cfg.model.data_format = "NHWC"
-    cfg.global_.cpu_fast_kernels = True
     return True
 
 

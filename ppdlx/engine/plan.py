@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from types import SimpleNamespace
 
 import paddle
 
@@ -74,16 +73,10 @@ def start_run(cfg, collective_programs: bool = False) -> RunEnv:
     return RunEnv(rank, world, device, dist.configure_cpu_threads(cfg.global_.cpu_threads))
 
 
-def plan_cpu_kernels(cfg, device: str):
-    """``(fast kernels on, data layout)`` as :func:`ppdlx.engine.cpu_kernels.plan_fast_cpu_kernels`
-    decides them. That function writes its decision into the object it is given; it gets a
-    throwaway copy of the config's values, so the frozen config keeps what was asked for."""
-    scratch = _namespace(cfg.model_dump())
-    on = plan_fast_cpu_kernels(scratch, device)
-    return bool(on), scratch.model.data_format
-
-
-def _namespace(value):
-    if isinstance(value, dict):
-        return SimpleNamespace(**{k: _namespace(v) for k, v in value.items()})
-    return value
+def plan_cpu_kernels(cfg, device: str) -> tuple[bool, str]:
+    """``(fast kernels on, data layout)`` for a training run: the fast CPU kernels train in NHWC."""
+    on = plan_fast_cpu_kernels(cfg.global_.cpu_fast_kernels, device, cfg.train.graph, cfg.distill.enabled)
+    if on and cfg.model.data_format != "NHWC":
+        log.info("global.cpu_fast_kernels: training in NHWC on CPU (model.data_format was %s; checkpoints "
+                 "are layout-free; global.cpu_fast_kernels=false keeps it)", cfg.model.data_format)
+    return on, ("NHWC" if on else cfg.model.data_format)

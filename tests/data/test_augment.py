@@ -4,8 +4,8 @@ import pytest
 from PIL import Image
 
 from ppdlx.config import load_config
-from ppdlx.data.augment import (RAND_TRANSFORMS, RandAugment, level_to_arg, parse_rand_augment, random_erasing,
-                                solarize_add)
+from ppdlx.data.augment import (RAND_TRANSFORMS, RandAugment, level_to_arg, parse_rand_augment, rand_augment_ops,
+                                random_erasing, solarize_add)
 from ppdlx.data.transforms import EvalTransform, TrainTransform
 from ppdlx.errors import ConfigError
 
@@ -24,9 +24,9 @@ def _transforms(*extra):
 def test_parse_timm_policy_string():
     spec = parse_rand_augment("rand-m9-mstd0.5")
     assert (spec.magnitude, spec.num_layers, spec.magnitude_std, spec.magnitude_max, spec.prob) == (9, 2, 0.5, 10, 0.5)
-    assert spec.ops == RAND_TRANSFORMS and len(RAND_TRANSFORMS) == 15
+    assert rand_augment_ops(spec) == RAND_TRANSFORMS and len(RAND_TRANSFORMS) == 15
     assert parse_rand_augment("rand-n3-m7-mstd101").magnitude_std == float("inf")
-    assert parse_rand_augment("rand-m9-inc1").ops[4] == "PosterizeIncreasing"
+    assert rand_augment_ops(parse_rand_augment("rand-m9-inc1"))[4] == "PosterizeIncreasing"
     with pytest.raises(ConfigError, match=r"data.transforms.randaugment='rand-q9': unknown section 'q9'"):
         load_config(None, ["data.transforms.randaugment=rand-q9"])
 

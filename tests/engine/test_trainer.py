@@ -157,11 +157,16 @@ TASK_TESTS = re.compile(r'hasattr\(trainer|dataset == "coco"|startswith\("effici
                         r'|hasattr\(model, "anchor_args"\)')
 
 
+# Lines that still ask outside the plug-ins, kept while ppdlx/export moves to the task's export_spec.
+KNOWN_TASK_TESTS = {("ppdlx/export/families.py", 'if hasattr(model, "anchor_args") and hasattr(model, "image_size"):')}
+
+
 def test_no_task_or_trainer_tests_outside_the_task_plugins():
-    """Before: five ways of asking "is this detection?" and hooks asking ``hasattr(trainer, "scope")``."""
+    """Before: five ways of asking "is this detection?" (in the engine, the data report, the inference
+    benchmark, ...) and hooks asking ``hasattr(trainer, "scope")``; ``task_of(cfg)`` answers now."""
+    tasks_dir = os.path.join(ROOT, "ppdlx", "engine", "tasks") + os.sep
     found = [f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}"
-             for path in _python_files("ppdlx/engine", "ppdlx/config", "ppdlx/sparsity", "tools/train.py",
-                                       "tools/eval.py", "tools/prune_asp.py")
-             if not path.startswith(os.path.join(ROOT, "ppdlx", "engine", "tasks"))
-             for i, line in enumerate(open(path, encoding="utf-8"), 1) if TASK_TESTS.search(line)]
+             for path in _python_files("ppdlx", "tools") if not path.startswith(tasks_dir)
+             for i, line in enumerate(open(path, encoding="utf-8"), 1) if TASK_TESTS.search(line)
+             and (os.path.relpath(path, ROOT), line.strip()) not in KNOWN_TASK_TESTS]
     assert found == []
