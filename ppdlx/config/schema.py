@@ -68,6 +68,9 @@ class ModelConfig(Section):
     name: str = "resnet50"
     num_classes: int = Field(1000, ge=1)
     weights: Optional[str] = None
+    # model.weights whose classifier (default_cfg["classifier"]) has another class count: auto = re-initialise
+    # it when only the classifier's shapes differ (one log line); true = always; false = one-line error
+    reset_head: Union[bool, Literal["auto"]] = "auto"
     data_format: Literal["NCHW", "NHWC"] = "NCHW"
     # Family-specific constructor arguments, checked against the builder's signature.
     args: Dict[str, Any] = Field(default_factory=dict)

@@ -55,7 +55,15 @@ def build_model(cfg, num_classes=None):
     m = cfg.model
     MODELS.get(m.name)  # unknown name -> one line with "did you mean"
     check_builder_args(m.name, m.args)
-    return MODELS.build(m.name, num_classes=num_classes or m.num_classes, data_format=m.data_format, **m.args)
+    return build_registered(m.name, num_classes or m.num_classes, {"data_format": m.data_format, **m.args})
+
+
+def build_registered(name: str, num_classes: int, args: dict):
+    """``MODELS.build`` that records ``(name, args)`` as ``model.build_spec``: what importing a foreign
+    checkpoint needs to build the same architecture at other class counts (``checkpoint.load_weights``)."""
+    model = MODELS.build(name, num_classes=num_classes, **args)
+    model.build_spec = (name, dict(args))
+    return model
 
 
 def count_params(model) -> int:

@@ -4,38 +4,27 @@
 Every file is written to a temporary name and renamed into place, ``.pdstates``
 last: an interrupted save never leaves a half-written file under a real name, and
 a prefix counts as complete only when its ``.pdstates`` exists.
+
+``load_weights`` is the one loader of ``model.weights`` (train, eval, export, distill, detect_image):
+a ppdlx prefix, or a foreign checkpoint (``SOURCE:FILE`` or a file whose layout ``ppdlx.weights``
+recognises) imported in memory; ``model.reset_head`` decides what a classifier of another class count does.
 """
 from __future__ import annotations
 
 import glob
+import logging
 import os
-import pickle
 import random
 
 import numpy as np
 import paddle
 
-from ppdlx.engine.amp import set_state_cast
+from ppdlx.engine.checkpoint_files import (SUFFIXES, atomic_save, check_and_set, is_ppdlx_prefix, load_states,  # noqa: F401
+                                           read_pdparams, strip_suffix)
 from ppdlx.errors import ConfigError
 
-SUFFIXES = (".pdparams", ".pdopt", ".pdstates")
-
-
-def atomic_save(obj, path: str, plain_pickle: bool = False) -> None:
-    """``plain_pickle`` for ``.pdstates``: paddle.load would turn its numpy RNG arrays into tensors."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    if plain_pickle:
-        with open(tmp, "wb") as f:
-            pickle.dump(obj, f, protocol=4)
-    else:
-        paddle.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def load_states(path: str) -> dict:
-    with open(path, "rb") as f:
-        return pickle.load(f)
+log = logging.getLogger("ppdlx")
+RESET_HEAD = ("auto", "true", "false")
 
 
 def capture_rng() -> dict:
@@ -57,15 +46,9 @@ def save_checkpoint(prefix: str, model_state: dict, optimizer_state: dict | None
     atomic_save(states, prefix + ".pdstates", plain_pickle=True)
 
 
-def strip_suffix(path: str) -> str:
-    for suffix in SUFFIXES:
-        if path.endswith(suffix):
-            return path[: -len(suffix)]
-    return path
-
-
 def resolve_resume(resume: str, output_dir: str):
-    """``auto`` -> ``<output_dir>/latest`` if complete, else None; otherwise the given prefix."""
+    """``auto`` -> ``<output_dir>/latest`` if complete, else None; otherwise the given prefix. Converted
+    weights (``tools/convert_weights.py``: ``weights_import`` and no ``epoch``) are refused."""
     if resume == "auto":
         prefix = os.path.join(output_dir, "latest")
         return prefix if os.path.isfile(prefix + ".pdstates") else None
@@ -73,6 +56,12 @@ def resolve_resume(resume: str, output_dir: str):
     if not os.path.isfile(prefix + ".pdstates"):
         raise ConfigError(f"train.resume={resume}: no complete checkpoint at {prefix}.pdstates "
                           f"(use train.resume=auto or a prefix such as {output_dir}/latest)")
+    states = load_states(prefix + ".pdstates")
+    if isinstance(states, dict) and "weights_import" in states and "epoch" not in states:
+        origin = states["weights_import"]
+        raise ConfigError(f"train.resume={resume}: {prefix} holds weights converted from {origin.get('source')} "
+                          f"({origin.get('file')}), not a training checkpoint (no epoch, optimizer or RNG state); "
+                          f"start from them with -o model.weights={prefix} and no train.resume")
     return prefix
 
 
@@ -83,29 +72,61 @@ def load_checkpoint(prefix: str):
     return model, opt, states
 
 
-def load_weights(model, path: str) -> list:
-    """Load weights only (``model.weights``). Shape mismatch -> one line naming the parameter.
+def classifier_keys(model) -> list:
+    """The state_dict keys of the classifier named by the model's ``default_cfg["classifier"]``."""
+    prefix = (getattr(model, "default_cfg", None) or {}).get("classifier")
+    if not prefix:
+        return []
+    return [k for k in model.state_dict() if k.startswith(prefix + ".")]
 
-    Returns the names of model parameters that the file did not provide.
-    """
-    prefix = strip_suffix(path)
-    file = prefix + ".pdparams"
-    if not os.path.isfile(file):
-        raise ConfigError(f"model.weights={path}: {file} not found")
-    loaded = paddle.load(file)
-    if isinstance(loaded, dict) and "model" in loaded and isinstance(loaded["model"], dict):
-        loaded = loaded["model"]
+
+def _import_foreign(model, spec: str) -> dict:
+    """A foreign checkpoint mapped onto ppdlx names by ``ppdlx.weights.import_state``, at the file's class
+    count (the head is then kept or reset like a ppdlx file's). Needs the model's registry name and
+    arguments (``model.build_spec``, recorded by the engine's builders) to probe the class-count shapes."""
+    from ppdlx.weights import import_state, summary_line
+    build_spec = getattr(model, "build_spec", None)
+    if build_spec is None:
+        raise ConfigError(f"model.weights={spec}: a foreign checkpoint is imported into models built from a config "
+                          f"(ppdlx.engine); convert it first with tools/convert_weights.py")
+    name, args = build_spec
+    state, metadata = import_state(spec, name, model_args=args)
+    log.info("model.weights=%s: imported %s", spec, summary_line(metadata))
+    for note in metadata["notes"]:
+        log.info("note: %s", note)
+    return {k: paddle.to_tensor(v) for k, v in state.items()}
+
+
+def _reset_head(model, loaded: dict, path: str, reset_head: str) -> dict:
+    """``loaded`` without the classifier keys when ``reset_head`` says so (one log line)."""
+    head = [k for k in classifier_keys(model) if k in loaded]
     own = model.state_dict()
-    for name, value in loaded.items():
-        if name in own and list(own[name].shape) != list(value.shape):
-            raise ConfigError(f"model.weights={path}: parameter '{name}' has shape {list(value.shape)} in the file "
-                              f"but {list(own[name].shape)} in the model (different model.name/num_classes?)")
-    unexpected = [k for k in loaded if k not in own]
-    if own and len(unexpected) == len(loaded):
-        raise ConfigError(f"model.weights={path}: no parameter names match the model "
-                          f"(file has e.g. '{unexpected[0]}', model has e.g. '{next(iter(own))}')")
-    set_state_cast(model, {k: v for k, v in loaded.items() if k in own})
-    return [k for k in own if k not in loaded]
+    mismatched = [k for k in loaded if k in own and list(own[k].shape) != list(loaded[k].shape)]
+    if not head or (reset_head == "auto" and not (mismatched and set(mismatched) <= set(head))) or \
+            reset_head == "false":
+        return loaded
+    shapes = ", ".join(f"{k} {list(loaded[k].shape)} -> {list(own[k].shape)}" for k in head)
+    log.info("model.weights=%s: classifier re-initialised (%s; model.reset_head=%s)", path, shapes, reset_head)
+    return {k: v for k, v in loaded.items() if k not in head}
+
+
+def load_weights(model, path: str, reset_head="false") -> list:
+    """Load weights only (``model.weights``): a ppdlx prefix, ``SOURCE:FILE`` or a foreign file. Shape
+    mismatch -> one line naming the parameter, unless ``reset_head`` (``auto``: only the classifier's shapes
+    differ; ``true``: always) drops the classifier so the model keeps its fresh one.
+
+    Returns the names of model parameters that were not loaded.
+    """
+    reset_head = {True: "true", False: "false"}.get(reset_head, reset_head)
+    if reset_head not in RESET_HEAD:
+        raise ConfigError(f"model.reset_head={reset_head!r}: use auto, true or false")
+    from ppdlx.weights import parse_weights_spec
+    source, file = parse_weights_spec(path)
+    if source is None and (is_ppdlx_prefix(path) or not os.path.isfile(file)):
+        loaded = read_pdparams(path)
+    else:
+        loaded = _import_foreign(model, path)
+    return check_and_set(model, _reset_head(model, loaded, path, reset_head), path)
 
 
 def prune_epoch_checkpoints(output_dir: str, keep: set) -> None:

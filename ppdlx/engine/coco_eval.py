@@ -55,10 +55,16 @@ def detections_to_coco(image_ids, boxes, scores, classes, counts, cat_ids) -> li
 
 def coco_evaluate(coco_gt, detections: list, image_ids) -> dict:
     """pycocotools COCOeval (bbox) of ``detections`` over ``image_ids``; returns ``STAT_KEYS`` -> float."""
+    return coco_evaluation(coco_gt, detections, image_ids)[0]
+
+
+def coco_evaluation(coco_gt, detections: list, image_ids):
+    """``(STAT_KEYS -> float, the summarised COCOeval or None without detections)``; the COCOeval is what
+    ``ppdlx.analysis.detection_analysis`` reads."""
     from pycocotools.cocoeval import COCOeval
     image_ids = sorted({int(i) for i in image_ids})
     if not detections or not image_ids:
-        return {k: 0.0 for k in STAT_KEYS}
+        return {k: 0.0 for k in STAT_KEYS}, None
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         coco_dt = coco_gt.loadRes(list(detections))
@@ -70,7 +76,7 @@ def coco_evaluate(coco_gt, detections: list, image_ids) -> dict:
     for line in buf.getvalue().splitlines():
         if line.startswith(" Average"):
             log.debug(line)
-    return {k: float(v) for k, v in zip(STAT_KEYS, ev.stats)}
+    return {k: float(v) for k, v in zip(STAT_KEYS, ev.stats)}, ev
 
 
 def gather_shards(detections: list, image_ids: list):
@@ -159,6 +165,7 @@ class CocoEvaluator:
         self.results_path = results_path
         self.amp_plan = amp_plan
         self.precise_bn = precise_bn  # (train loader, batches): re-estimate BN statistics before evaluating
+        self.last_coco_eval = None  # rank 0: the last evaluation's COCOeval (per-category analysis)
 
     @paddle.no_grad()
     def predict(self, model):
@@ -199,7 +206,7 @@ class CocoEvaluator:
         if dist.rank() == 0:
             if self.results_path:
                 write_results(self.results_path, detections)
-            metrics = coco_evaluate(self.coco_gt, detections, image_ids)
+            metrics, self.last_coco_eval = coco_evaluation(self.coco_gt, detections, image_ids)
             metrics.update(images=len(image_ids), detections=len(detections))
         if dist.world_size() > 1:
             import paddle.distributed as pdist

@@ -19,10 +19,13 @@ order, which is the order they run in within each call:
 4. the caller's hooks (e.g. ``ppdlx.sparsity.ASPHook``: masks after each applied step, before the EMA);
 5. :class:`EMA` -- after each applied step, after the hooks that edit weights;
 6. :class:`MetricWriter` -- progress lines every ``log_interval`` steps and the eval line;
-7. :class:`Checkpoint` -- after an epoch, last: ``latest``, ``best``, ``epoch_N``.
+7. :class:`Checkpoint` -- after an epoch, last: ``latest``, ``best``, ``epoch_N``;
+8. :class:`RunAnalysis` -- after training, after ``MetricWriter`` closed ``metrics.jsonl``: ``curves.png`` and
+   the final evaluation's per-class analysis.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -30,6 +33,8 @@ import time
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine import dist
 from ppdlx.engine.logger import MetricLogger, format_eta
+
+log = logging.getLogger("ppdlx")
 
 
 class Hook:
@@ -207,3 +212,35 @@ class Checkpoint(Hook):
                 tmp = f"{target}{suffix}.tmp.{os.getpid()}"
                 shutil.copyfile(latest + suffix, tmp)
                 os.replace(tmp, target + suffix)
+
+
+class RunAnalysis(Hook):
+    """After training, on rank 0: ``curves.png`` (``ppdlx.analysis.write_run_figures``) and, when the final
+    evaluation was kept (``write_analysis`` given), its per-class analysis in ``<output_dir>/analysis``. Sets
+    ``trainer.analysis`` (the analysis dict, or ``{"skipped": reason}``). Never fails the run: what cannot be
+    drawn or computed here is one log line."""
+
+    name = "run_analysis"
+
+    def __init__(self, output_dir: str, rank: int = 0, write_analysis=None, skipped: str = ""):
+        self.output_dir, self.rank = output_dir, rank
+        self.write_analysis, self.skipped = write_analysis, skipped
+
+    def after_train(self):
+        if self.rank != 0:
+            return
+        from ppdlx.analysis import write_run_figures
+        write_run_figures(self.output_dir)
+        reason = self.skipped
+        if self.write_analysis is not None:
+            try:
+                result = self.write_analysis(os.path.join(self.output_dir, "analysis"))
+            except ImportError as err:  # scikit-learn is the plot extra's, not training's
+                result, reason = None, f"not written: {err} (pip install 'ppdlx[plot]')"
+            if result is not None:
+                self.trainer.analysis = result
+                log.info("analysis: %s", ", ".join(result["files"].values()))
+                return
+            reason = reason or "not written: the final evaluation kept no predictions"
+        self.trainer.analysis = {"skipped": reason}
+        log.info("analysis: %s", reason)

@@ -11,16 +11,19 @@ parameter names, hence the same ``.pdopt`` keys) and traces its programs from it
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import time
 
 import paddle
 
+from ppdlx.analysis.data_report import check_before_training
 from ppdlx.config import save_config
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine import hooks as std
 from ppdlx.engine.amp import build_scaler, decorate_o2, plan_amp
+from ppdlx.engine.analysis import write_analysis
 from ppdlx.engine.builders import count_params, seed_everything
 from ppdlx.engine.cpu_kernels import use_fast_cpu_kernels
 from ppdlx.engine.dynamic_step import DynamicStep, compile_forward
@@ -32,6 +35,7 @@ from ppdlx.errors import ConfigError
 from ppdlx.optim import build_lr_schedule, build_optimizer, scaled_lr
 
 log = logging.getLogger("ppdlx")
+ANALYSIS_MAX_SCORES = 1 << 22  # val images x classes of logits kept for the end-of-training analysis
 
 
 def plan_training_amp(cfg, device: str):
@@ -59,6 +63,7 @@ def build_training(cfg, hooks=(), amp=None) -> Trainer:
         check_graph_flags("static")
     task.validate(cfg)
     env = start_run(cfg, collective_programs=graph == "static")
+    check_before_training(cfg)  # every rank: one that stopped alone would leave the others waiting
     fast_kernels, data_format = plan_cpu_kernels(cfg, env.device)
     # A static run builds the dynamic model in a fresh unique-name scope, in the dynamic order (AMP
     # probe, seed, loaders, model): the names and initial weights of a dynamic run in a fresh process.
@@ -78,7 +83,7 @@ def build_training(cfg, hooks=(), amp=None) -> Trainer:
             use_fast_cpu_kernels(model)
         task.prepare_model(run_cfg, model)
         if cfg.model.weights and not cfg.train.resume:
-            missing = ckpt.load_weights(model, cfg.model.weights)
+            missing = ckpt.load_weights(model, cfg.model.weights, cfg.model.reset_head)
             log.info("loaded weights %s (%d parameters not in the file)", cfg.model.weights, len(missing))
     seed_everything(cfg.global_.seed + env.rank)
     steps = optimizer_steps_per_epoch(len(data.train_loader), cfg.train.accumulate, cfg.train.steps_per_epoch)
@@ -93,6 +98,7 @@ def build_training(cfg, hooks=(), amp=None) -> Trainer:
         lr_schedule = build_lr_schedule(cfg, global_batch, steps)
         step, raw_model = _dynamic_step(run_cfg, plan, model, objective, lr_schedule)
     evaluator = task.build_evaluator(run_cfg, raw_model, data.val_loader, env.rank, env.world_size, amp)
+    hooks = [*hooks, final_analysis_hook(run_cfg, task, evaluator, data, env.rank)]
     trainer = Trainer(step, standard_hooks(cfg, env.rank, lr_schedule, evaluator, step, hooks),
                       train_loader=data.train_loader, epochs=cfg.train.epochs, accumulate=cfg.train.accumulate,
                       steps_per_epoch=cfg.train.steps_per_epoch, log_interval=cfg.global_.log_interval,
@@ -141,14 +147,29 @@ def _static_step(cfg, task, plan: RunPlan, model, data, lr_schedule):
                              cfg.ema.decay, cfg.ema.dynamic_decay)
 
 
+def final_analysis_hook(cfg, task, evaluator, data, rank: int):
+    """``RunAnalysis`` with the final evaluation's per-class analysis when keeping it is cheap (at most
+    ``ANALYSIS_MAX_SCORES`` val images x classes of logits); otherwise curves only, and the report says why."""
+    scores = data.val_loader.num_images * data.num_classes
+    if scores > ANALYSIS_MAX_SCORES:
+        return std.RunAnalysis(cfg.global_.output_dir, rank, skipped=(
+            f"skipped: {data.val_loader.num_images} val images x {data.num_classes} classes is more than "
+            f"{ANALYSIS_MAX_SCORES} scores to keep; run tools/eval.py --analysis"))
+    task.keep_for_analysis(evaluator)
+    return std.RunAnalysis(cfg.global_.output_dir, rank, functools.partial(write_analysis, task, cfg, evaluator))
+
+
 def standard_hooks(cfg, rank: int, lr_schedule, evaluator, step, hooks=()) -> list:
     """The standard hooks around the caller's, in their documented order (``ppdlx.engine.hooks``)."""
     out = cfg.global_.output_dir
     ema = [std.EMA()] if step.ema is not None else []
+    # the run's analysis reads metrics.jsonl, which MetricWriter closes in after_train: it goes last
+    analysis = [h for h in hooks if isinstance(h, std.RunAnalysis)]
+    hooks = [h for h in hooks if not isinstance(h, std.RunAnalysis)]
     return [std.RankSync(), std.LRScheduler(lr_schedule),
             std.Evaluation(evaluator, cfg.eval.interval, cfg.ema.eval_with_ema), *hooks, *ema,
             std.MetricWriter(out, rank, lr_schedule),
-            std.Checkpoint(out, rank, cfg.train.save_interval, cfg.train.keep_epoch_checkpoints)]
+            std.Checkpoint(out, rank, cfg.train.save_interval, cfg.train.keep_epoch_checkpoints), *analysis]
 
 
 def train(cfg, hooks=()) -> dict:
@@ -161,11 +182,14 @@ def train(cfg, hooks=()) -> dict:
     report = task.train_report(trainer.fit())
     report.update(epochs=trainer.epoch, output_dir=cfg.global_.output_dir)
     report[f"best_{task.best}"] = trainer.best_metric
+    if getattr(trainer, "analysis", None) is not None:
+        report["analysis"] = trainer.analysis
     return report
 
 
-def evaluate(cfg) -> dict:
-    """Evaluate ``model.weights`` on the val split (the task's evaluator, sharded over ranks)."""
+def evaluate(cfg, analysis_dir: str | None = None) -> dict:
+    """Evaluate ``model.weights`` on the val split (the task's evaluator, sharded over ranks); with
+    ``analysis_dir``, rank 0 writes the per-class analysis there and the report holds it as ``analysis``."""
     task = task_of(cfg)
     env = start_run(cfg)
     if not cfg.model.weights:
@@ -175,6 +199,13 @@ def evaluate(cfg) -> dict:
     task.prepare_model(cfg, model)
     ckpt.load_weights(model, cfg.model.weights)
     start = time.perf_counter()
-    metrics = task.build_evaluator(cfg, model, loader, env.rank, env.world_size)(model)
+    evaluator = task.build_evaluator(cfg, model, loader, env.rank, env.world_size)
+    if analysis_dir:
+        task.keep_for_analysis(evaluator)
+    metrics = evaluator(model)
     metrics["seconds"] = time.perf_counter() - start
-    return task.eval_report(metrics)
+    report = task.eval_report(metrics)
+    if analysis_dir and env.rank == 0:
+        report["analysis"] = write_analysis(task, cfg, evaluator, analysis_dir) or {
+            "skipped": "the evaluation produced nothing to analyse"}
+    return report

@@ -208,14 +208,14 @@ def convert_weights(source: str, path: str, model: Union[str, Callable], output_
     """Convert and write ``<output_prefix>.pdparams`` / ``.pdstates``; returns the metadata."""
     import paddle
 
-    from ppdlx.engine.checkpoint import atomic_save, load_weights, strip_suffix
+    from ppdlx.engine.checkpoint_files import atomic_save, load_prefix_weights, strip_suffix
     state, metadata = convert_state(source, path, model, num_classes, state_key, prefer_ema, model_args)
     prefix = strip_suffix(output_prefix)
     metadata["output"] = prefix
     atomic_save({k: paddle.to_tensor(v) for k, v in state.items()}, prefix + ".pdparams")
     atomic_save({"weights_import": metadata}, prefix + ".pdstates", plain_pickle=True)
     # the same loader as model.weights, into the model at the final class count
-    missing = load_weights(model_factory(model, model_args)(metadata["num_classes"]), prefix)
+    missing = load_prefix_weights(model_factory(model, model_args)(metadata["num_classes"]), prefix)
     if sorted(missing) != sorted(metadata["reinitialised"]):
         raise WeightsError(f"{prefix}.pdparams: written, but loading it leaves {missing[:3]} unset")
     return metadata

@@ -44,3 +44,25 @@ def test_resume_prefix_resolution(tmp_path):
     assert ckpt.resolve_resume(str(tmp_path / "latest.pdparams"), str(tmp_path)) == str(tmp_path / "latest")
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         ckpt.resolve_resume(str(tmp_path / "epoch_9"), str(tmp_path))
+
+
+def test_reset_head_drops_only_the_classifier_and_other_mismatches_stay_errors(tmp_path, ppdlx_caplog):
+    ppdlx_caplog.set_level("INFO", logger="ppdlx")
+    src = build_model("resnet18_bottleneck_tiny", num_classes=10)
+    paddle.save(src.state_dict(), str(tmp_path / "w.pdparams"))
+    model = build_model("resnet18_bottleneck_tiny", num_classes=4)
+    fresh_fc = model.state_dict()["fc.weight"].numpy().copy()
+    assert ckpt.load_weights(model, str(tmp_path / "w"), "auto") == ["fc.weight", "fc.bias"]
+    assert np.array_equal(model.state_dict()["fc.weight"].numpy(), fresh_fc)
+    assert np.array_equal(model.state_dict()["stem.conv.weight"].numpy(), src.state_dict()["stem.conv.weight"].numpy())
+    assert ppdlx_caplog.messages[-1] == (f"model.weights={tmp_path}/w: classifier re-initialised (fc.weight [512, 10] "
+                                         f"-> [512, 4], fc.bias [10] -> [4]; model.reset_head=auto)")
+    # true: the head is re-initialised even when its shapes match
+    same = build_model("resnet18_bottleneck_tiny", num_classes=10)
+    assert ckpt.load_weights(same, str(tmp_path / "w"), True) == ["fc.weight", "fc.bias"]
+    # a mismatch outside the classifier is an error whatever reset_head says
+    state = src.state_dict()
+    state["stem.conv.weight"] = paddle.zeros([8, 3, 3, 3])
+    paddle.save(state, str(tmp_path / "bad.pdparams"))
+    with pytest.raises(ConfigError, match=r"parameter 'stem.conv.weight' has shape \[8, 3, 3, 3\] in the file"):
+        ckpt.load_weights(build_model("resnet18_bottleneck_tiny", num_classes=4), str(tmp_path / "bad"), "auto")

@@ -11,7 +11,7 @@ import pytest
 
 from ppdlx.config import load_config
 from ppdlx.data.synthetic_coco import make_synthetic_coco
-from ppdlx.errors import ConfigError
+from ppdlx.errors import ConfigError, DataError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(ROOT, "configs", "demo", "efficientdet_demo.yaml")
@@ -63,7 +63,8 @@ def test_short_training_lowers_the_loss_and_eval_reproduces(shapes, tmp_path):
 def test_num_classes_must_match_the_dataset(shapes, tmp_path):
     from ppdlx.engine.run import train
     cfg = load_config(DEMO, _overrides(shapes, str(tmp_path), "model.num_classes=91"))
-    with pytest.raises(ConfigError) as err:
+    # the start-of-training data check (ppdlx.analysis.check_before_training) finds it before the loader does
+    with pytest.raises(DataError) as err:
         train(cfg)
     msg = str(err.value)
     assert "model.num_classes=91" in msg and "3 categories" in msg and "model.num_classes=3" in msg

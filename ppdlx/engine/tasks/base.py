@@ -30,6 +30,7 @@ class Task:
     best = ""                               # the metric that picks the "best" checkpoint
     headline: Tuple[str, ...] = ()          # metrics on the CLIs' final line
     eval_headline: Tuple[str, ...] = ()     # ... and on tools/eval.py's
+    analysis = ""                           # its ppdlx.analysis function (``analysis_inputs`` are its arguments)
 
     # ------------------------------------------------------------------ config
     def validate(self, cfg) -> None:
@@ -74,6 +75,14 @@ class Task:
     def export_spec(self, cfg, model) -> dict:
         """What export needs (``ppdlx.export.families``): family, input size, pre/post-processing."""
         raise NotImplementedError
+
+    def keep_for_analysis(self, evaluator) -> None:
+        """Make ``evaluator`` keep what ``analysis_inputs`` reads (e.g. every image's logits)."""
+
+    def analysis_inputs(self, cfg, evaluator):
+        """Rank 0: the keyword arguments of this task's ``ppdlx.analysis`` function for ``evaluator``'s last
+        evaluation (``ppdlx.engine.analysis`` calls it), or None when the evaluation kept nothing."""
+        raise UnsupportedError(f"analysis: the {self.name} task has no per-class analysis")
 
     # ------------------------------------------------------------------ reports
     def train_report(self, metrics: dict) -> dict:

@@ -39,6 +39,7 @@ class Classification(Task):
     report_keys = ("top1", "top5", "images", "seconds")
     train_extra_keys = ("loss",)
     best = "top1"
+    analysis = "classification_analysis"
     headline = eval_headline = ("top1", "top5")
 
     def validate(self, cfg) -> None:
@@ -74,6 +75,17 @@ class Classification(Task):
 
     def build_evaluator(self, cfg, model, val_loader, rank: int, world: int, amp=None):
         return ClassificationEvaluator(val_loader, cfg.eval.topk)
+
+    def keep_for_analysis(self, evaluator) -> None:
+        evaluator.keep_predictions = True
+
+    def analysis_inputs(self, cfg, evaluator):
+        kept = evaluator.last_predictions
+        if kept is None or not len(kept["labels"]):
+            return None
+        names = classes_of(evaluator.loader) or [f"class {k}" for k in range(kept["logits"].shape[1])]
+        return {"labels": kept["labels"], "scores": kept["logits"], "paths": kept["paths"],
+                "class_names": list(names)}
 
     def build_eval_data(self, cfg, rank: int, world: int):
         return build_classification_loader(cfg, "val", rank, world, batch_size=cfg.eval.batch_size), \

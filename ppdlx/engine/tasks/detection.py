@@ -20,8 +20,8 @@ import os
 import numpy as np
 import paddle
 
-from ppdlx.data.coco import build_coco_loader
-from ppdlx.engine.builders import check_builder_args
+from ppdlx.data.coco import build_coco_loader, coco_paths
+from ppdlx.engine.builders import build_registered, check_builder_args
 from ppdlx.engine.coco_eval import STAT_KEYS, CocoEvaluator
 from ppdlx.engine.tasks.base import Task, TaskData
 from ppdlx.errors import ConfigError, UnsupportedError
@@ -78,7 +78,7 @@ def build_detection_model(cfg, num_classes: int):
                           f"drop model.args.image_size (the data's size is used)")
     args["image_size"] = size
     check_builder_args(m.name, args)
-    return MODELS.build(m.name, num_classes=num_classes, data_format=m.data_format, **args)
+    return build_registered(m.name, num_classes, {"data_format": m.data_format, **args})
 
 
 def set_bn_momentum(model, momentum: float) -> int:
@@ -162,6 +162,7 @@ class Detection(Task):
     graphs = ("dynamic",)
     report_keys = STAT_KEYS + ("images", "seconds")
     best = "AP"
+    analysis = "detection_analysis"
     headline = ("AP", "AP50", "AP75")
     eval_headline = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR100")
 
@@ -198,6 +199,11 @@ class Detection(Task):
         bn_loader = build_precise_bn_loader(cfg, rank, world, val_loader.cat_ids) \
             if cfg.detection.precise_bn_batches else None
         return build_evaluator(cfg, model, val_loader, amp, precise_bn_loader=bn_loader)
+
+    def analysis_inputs(self, cfg, evaluator):
+        if evaluator.last_coco_eval is None:
+            return None
+        return {"coco_eval": evaluator.last_coco_eval, "image_dir": coco_paths(cfg, "val")[1]}
 
     def build_eval_data(self, cfg, rank: int, world: int):
         loader = build_coco_loader(cfg, "val", rank, world, batch_size=cfg.eval.batch_size)
