@@ -82,7 +82,10 @@ def build_training(cfg, hooks=(), amp=None) -> Trainer:
         if fast_kernels:
             use_fast_cpu_kernels(model)
         task.prepare_model(run_cfg, model)
-        if cfg.model.weights and not cfg.train.resume:
+        # A checkpoint found by train.resume wins; without one (resume=auto in a fresh directory) the run starts
+        # from model.weights rather than from random weights.
+        resume_prefix = ckpt.resolve_resume(cfg.train.resume, cfg.global_.output_dir) if cfg.train.resume else None
+        if cfg.model.weights and not resume_prefix:
             missing = ckpt.load_weights(model, cfg.model.weights, cfg.model.reset_head)
             log.info("loaded weights %s (%d parameters not in the file)", cfg.model.weights, len(missing))
     seed_everything(cfg.global_.seed + env.rank)
@@ -105,9 +108,8 @@ def build_training(cfg, hooks=(), amp=None) -> Trainer:
                       max_nonfinite_steps=cfg.train.max_nonfinite_steps, rank=env.rank, world_size=env.world_size)
     trainer.plan = plan  # for reports; the loop does not read it
     if cfg.train.resume:
-        prefix = ckpt.resolve_resume(cfg.train.resume, cfg.global_.output_dir)
-        if prefix:
-            trainer.resume(prefix)
+        if resume_prefix:
+            trainer.resume(resume_prefix)
         else:
             log.info("train.resume=auto: no checkpoint in %s, starting fresh", cfg.global_.output_dir)
     if env.rank == 0:

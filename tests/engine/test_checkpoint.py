@@ -66,3 +66,22 @@ def test_reset_head_drops_only_the_classifier_and_other_mismatches_stay_errors(t
     paddle.save(state, str(tmp_path / "bad.pdparams"))
     with pytest.raises(ConfigError, match=r"parameter 'stem.conv.weight' has shape \[8, 3, 3, 3\] in the file"):
         ckpt.load_weights(build_model("resnet18_bottleneck_tiny", num_classes=4), str(tmp_path / "bad"), "auto")
+
+
+def test_resume_auto_in_a_fresh_directory_starts_from_model_weights(tmp_path, tiny_tree):
+    """train.resume=auto finds no checkpoint in a new output_dir: the run must start from model.weights, not from
+    random weights (before: the weights were skipped whenever train.resume was set)."""
+    from ppdlx.config import load_config
+    from ppdlx.engine.run import build_training
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          "configs", "demo", "rn50_demo.yaml")
+    overrides = [f"data.root={tiny_tree}", "model.name=resnet18_bottleneck_tiny", "model.num_classes=4",
+                 "data.backend=paddle", "data.workers=0", "amp.enabled=false", "global.cpu_fast_kernels=false"]
+    paddle.seed(123)
+    source = build_model("resnet18_bottleneck_tiny", num_classes=4)
+    ckpt.save_checkpoint(str(tmp_path / "w"), source.state_dict(), None, {"epoch": 0})
+    trainer = build_training(load_config(config, overrides + [f"global.output_dir={tmp_path / 'run'}",
+                                                              "train.resume=auto", f"model.weights={tmp_path}/w"]))
+    loaded = trainer.step.raw_model.state_dict()
+    for name, value in source.state_dict().items():
+        np.testing.assert_array_equal(loaded[name].numpy(), value.numpy(), err_msg=name)
