@@ -186,7 +186,8 @@ class MetricWriter(Hook):
 class Checkpoint(Hook):
     """After every epoch rank 0 writes ``latest`` and copies it to ``best`` (improved) and
     ``epoch_N`` (every ``save_interval`` epochs and the last); each file atomically, ``.pdstates``
-    last, so a prefix is complete exactly when its ``.pdstates`` exists."""
+    last, so a prefix is complete exactly when its ``.pdstates`` exists. Weights holding NaN/inf stop
+    the run instead (``Trainer.check_weights``)."""
 
     name = "checkpoint"
 
@@ -199,6 +200,7 @@ class Checkpoint(Hook):
 
     def save(self, improved: bool) -> None:
         t = self.trainer
+        t.check_weights(t.epoch)  # every rank (the verdict is reduced over ranks): NaN weights are never saved
         if self.rank != 0:
             return
         latest = os.path.join(self.output_dir, "latest")

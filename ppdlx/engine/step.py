@@ -14,9 +14,12 @@ read by the loop only when it logs: a step itself reads at most what it needs to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
+import paddle
+
+from ppdlx.errors import PpdlxError
 
 
 @dataclass
@@ -49,9 +52,40 @@ class WeightAccess:
     def masters_pending(self, name: str) -> bool:
         return False
 
+    def finite_flags(self) -> Tuple[List[str], Any]:
+        """``(labels, flags)``: a label per floating copy of every weight and buffer (``name``, ``name (AMP
+        master)``, ``name (EMA shadow)``) and a device bool tensor, one flag per copy, True where the copy
+        is finite (None without copies). Nothing is read back here: the caller reads the flags once, after
+        reducing them over ranks."""
+        labels, flags = [], []
+        if self.model is None:
+            return labels, None
+        for name in self.model.state_dict():
+            for kind, get in self.copies(name).items():
+                tensor = get()
+                if tensor.is_floating_point():
+                    labels.append(name + _COPY_LABEL[kind])
+                    flags.append(paddle.isfinite(tensor).all())
+        return labels, (paddle.stack(flags) if flags else None)
+
+
+_COPY_LABEL = {"param": "", "master": " (AMP master)", "ema": " (EMA shadow)"}
+
+
+class NonFiniteWeightsError(PpdlxError):
+    exit_code = 4
+
+
+def nonfinite_weights_message(labels: List[str], flags: np.ndarray, epoch: int, step: int) -> str:
+    """The one line naming the first non-finite copy (``flags`` from :meth:`WeightAccess.finite_flags`)."""
+    bad = np.flatnonzero(~np.asarray(flags, bool).reshape(-1))
+    return (f"weights became NaN/inf at epoch {epoch} step {step}: first non-finite is '{labels[bad[0]]}' "
+            f"({bad.size} of {len(labels)} tensors); no checkpoint was written from them; lower lr.base_lr "
+            f"or check the data")
+
 
 class Step:
-    """Base of the step strategies (documents the contract; every method is overridden)."""
+    """Base of the step strategies (documents the contract; the strategies override every method)."""
 
     trainer = None                # set by ``attach``: the loop's progress (epoch, global_step)
     ema = None                    # an EMA object (``state_dict``/``set_state_dict``) or None
@@ -93,4 +127,6 @@ class Step:
         raise NotImplementedError
 
     def weights(self) -> WeightAccess:
-        raise NotImplementedError
+        """Overridden by every step that holds weights; the base holds none (``model`` None: nothing to
+        check or edit)."""
+        return WeightAccess()

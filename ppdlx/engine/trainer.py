@@ -22,8 +22,9 @@ from typing import Iterable, Optional
 import paddle
 
 from ppdlx.engine import checkpoint as ckpt
+from ppdlx.engine import dist
 from ppdlx.engine.hooks import Hook
-from ppdlx.engine.step import Step, StepResult
+from ppdlx.engine.step import NonFiniteWeightsError, Step, StepResult, nonfinite_weights_message
 from ppdlx.errors import PpdlxError
 
 log = logging.getLogger("ppdlx.train")
@@ -163,6 +164,8 @@ class Trainer:
             if self.at_log_step:
                 self.nonfinite.read(self.epoch + 1, self.global_step)
             self.call_hooks("after_step")
+            if self.at_log_step:  # after the hooks: the EMA and ASP have touched the weights by now
+                self.check_weights(self.epoch + 1)
 
     def fit(self) -> dict:
         self.call_hooks("before_train")
@@ -173,6 +176,22 @@ class Trainer:
             self.call_hooks("after_epoch")
         self.call_hooks("after_train")
         return self.last_metrics
+
+    def check_weights(self, epoch: int) -> None:
+        """Raise :class:`NonFiniteWeightsError` if any copy of a weight (parameter, AMP master, EMA
+        shadow) or buffer holds NaN/inf: a finite loss does not imply finite weights (fast CPU kernels
+        kept the loss finite over NaN weights). One device reduction per tensor and one scalar host
+        read, on every rank alike (the flags are reduced over ranks first, so all ranks stop together)."""
+        labels, flags = self.step.weights().finite_flags()
+        if flags is None:
+            return
+        if self.world_size > 1:
+            flags = flags.astype("int32")
+            dist.all_reduce_min_(flags)
+            flags = flags.astype("bool")
+        if bool(flags.all()):  # a scalar read; the per-tensor flags only when something is wrong
+            return
+        raise NonFiniteWeightsError(nonfinite_weights_message(labels, flags.numpy(), epoch, self.global_step))
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
