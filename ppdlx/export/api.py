@@ -3,6 +3,7 @@ saves the inference program, checks it against the dynamic model with Paddle Inf
 onnxruntime with ``onnx=True``), and writes ``inference.yml``."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -10,8 +11,7 @@ from typing import List, Optional, Sequence
 
 import ppdlx.export.meta as M
 from ppdlx.errors import ConfigError, UnsupportedError
-from ppdlx.export.families import export_graph, legacy_export_spec
-from ppdlx.export.onnx_export import OnnxRunner, check_close, export_onnx
+from ppdlx.export.families import export_graph, export_onnx_target, legacy_export_spec
 from ppdlx.export.paddle_export import PaddleInferenceRunner, random_feeds, run_dynamic
 
 log = logging.getLogger("ppdlx")
@@ -29,13 +29,96 @@ def read_labels(path: str, num_classes: int) -> List[str]:
     return names
 
 
-def labels_from_data(cfg) -> Optional[List[str]]:
-    """Class names from ``data.root/<train_split>`` sub-directories when they match num_classes."""
+def labels_from_data(cfg, family: str = "classification") -> Optional[List[str]]:
+    """The class names of the training data when they match num_classes: the sub-directories of
+    ``data.root/<train_split>`` (classification), or the COCO category names in ascending id order
+    (detection: the class index is the category's rank; read from the val json, smaller than the
+    train json and required to list the same categories)."""
+    if family == "detection":
+        from ppdlx.data.coco_index import coco_paths
+        for split in ("val", "train"):
+            json_path = coco_paths(cfg, split)[0]
+            if os.path.isfile(json_path):
+                with open(json_path, encoding="utf-8") as f:
+                    categories = sorted(json.load(f).get("categories", []), key=lambda c: c["id"])
+                names = [str(c.get("name", c["id"])) for c in categories]
+                return names if len(names) == cfg.model.num_classes else None
+        return None
     split_dir = os.path.join(cfg.data.root, cfg.data.train_split)
     if not os.path.isdir(split_dir):
         return None
     names = sorted(d.name for d in os.scandir(split_dir) if d.is_dir())
     return names if len(names) == cfg.model.num_classes else None
+
+
+def labels_from_checkpoint(weights: Optional[str], num_classes: int) -> Optional[List[str]]:
+    """``classes.json`` next to the checkpoint (training writes it): ``{"names": [...]}`` or a list."""
+    if not weights:
+        return None
+    path = os.path.join(os.path.dirname(os.path.abspath(weights)), "classes.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    names = data.get("names") if isinstance(data, dict) else data
+    return [str(n) for n in names] if isinstance(names, list) and len(names) == num_classes else None
+
+
+def find_labels(cfg, family: str, weights: Optional[str], num_classes: int) -> Optional[List[str]]:
+    """The class names an export carries when ``--labels`` is not given: from the data, else from the
+    checkpoint's folder; None (with a warning) when neither has them."""
+    labels = labels_from_data(cfg, family) or labels_from_checkpoint(weights, num_classes)
+    if labels is None:
+        log.warning("export: no class names found (data.root has no %s, no classes.json next to model.weights): "
+                    "inference.yml labels is null and predictions show class indices; pass --labels FILE",
+                    "COCO categories" if family == "detection" else "class folders")
+    return labels
+
+
+def build_trained_model(cfg, weights: Optional[str]):
+    """The configured model with ``weights`` loaded, in eval mode: what export saves and what
+    ``--verify`` compares the export with. Built by the config's task plug-in, as training and
+    ``tools/eval.py`` build it (a detector takes its input size from ``data.coco.image_size``)."""
+    from ppdlx.engine.builders import seed_everything
+    from ppdlx.engine.checkpoint import load_weights
+    from ppdlx.engine.tasks import task_of
+    seed_everything(cfg.global_cfg.seed)  # random-init exports (benchmarks) are reproducible
+    task = task_of(cfg)
+    model = task.build_model(cfg, cfg.model.num_classes)
+    task.prepare_model(cfg, model)
+    if weights:
+        missing = load_weights(model, weights)
+        if missing:
+            log.warning("export: %d model parameters not in %s (e.g. %s)", len(missing), weights, missing[0])
+        apply_evaluation_statistics(cfg, model)
+    else:
+        log.warning("export: model.weights is not set: exporting randomly initialised weights")
+    model.eval()
+    return model
+
+
+def apply_evaluation_statistics(cfg, model) -> int:
+    """The BatchNorm statistics ppdlx's evaluator uses, in the model: with ``detection.precise_bn_batches``
+    the detection evaluator re-estimates them from training images before scoring (the checkpoint
+    holds the training running statistics), so the export must too, or it predicts differently from
+    what ``tools/eval.py`` reports. Returns the batches used (0: nothing to do, or no training images)."""
+    from ppdlx.engine.tasks import task_of
+    batches = cfg.detection.precise_bn_batches if task_of(cfg).name == "detection" else 0
+    if not batches:
+        return 0
+    from ppdlx.engine.coco_eval import recompute_bn_stats
+    from ppdlx.engine.tasks.detection import build_precise_bn_loader
+    from ppdlx.errors import DataError
+    try:
+        loader = build_precise_bn_loader(cfg, 0, 1, None)
+    except DataError as err:
+        log.warning("export: detection.precise_bn_batches=%d but the training images are not readable (%s): the "
+                    "export keeps the checkpoint's running BatchNorm statistics, unlike tools/eval.py", batches, err)
+        return 0
+    used = recompute_bn_stats(model, loader, batches)
+    log.info("export: BatchNorm statistics re-estimated from %d training batches, as the evaluator does "
+             "(detection.precise_bn_batches=%d)", used, batches)
+    return used
 
 
 def _program_outputs(runner: PaddleInferenceRunner, inputs: Sequence[dict], roles: Sequence[str]) -> List[dict]:
@@ -61,22 +144,12 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
 
     Returns a report: files, I/O, max abs diffs (Paddle Inference and ONNX vs dynamic).
     """
-    from ppdlx.engine.builders import build_model, seed_everything
-    from ppdlx.engine.checkpoint import load_weights
-
     started = time.time()
     output_dir = output_dir or cfg.export.output_dir or os.path.join(cfg.global_cfg.output_dir, "inference")
     onnx = cfg.export.onnx if onnx is None else onnx
     weights = weights if weights is not None else cfg.model.weights
     if model is None:
-        seed_everything(cfg.global_cfg.seed)  # random-init exports (benchmarks) are reproducible
-        model = build_model(cfg)
-        if weights:
-            missing = load_weights(model, weights)
-            if missing:
-                log.warning("export: %d model parameters not in %s (e.g. %s)", len(missing), weights, missing[0])
-        else:
-            log.warning("export: model.weights is not set: exporting randomly initialised weights")
+        model = build_trained_model(cfg, weights)
     model.eval()
     data_format = getattr(model, "data_format", cfg.model.data_format)
     if onnx and data_format == "NHWC":
@@ -95,32 +168,38 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     report = {"model_dir": os.path.abspath(output_dir), "family": spec["family"], "name": cfg.model.name,
               "format": files.format, "model_file": files.model_file, "params_file": files.params_file,
               "inputs": inputs, "outputs": outputs, "checks": {}}
-    onnx_runner = None
-    onnx_file = None
+    if labels is None:
+        labels = find_labels(cfg, spec["family"], weights, num_classes)
+    target = None
     if onnx:
-        onnx_file = export_onnx(files, os.path.join(output_dir, ONNX_FILE), opset=cfg.export.opset)
-        onnx_runner = OnnxRunner(onnx_file, threads=threads)
-        report["onnx_file"] = onnx_file
+        target = export_onnx_target(graph, spec, os.path.join(output_dir, ONNX_FILE), data_format,
+                                    cfg.export.opset, threads)
+        report["onnx_file"] = target.file
     if check or onnx:
         for bs in check_batch_sizes:
             feeds = random_feeds(inputs, bs)
             reference = run_dynamic(graph.layer, inputs, feeds)
             if check:
-                diff = check_close(f"Paddle Inference ({files.format}) vs dynamic, batch {bs}", reference,
-                                   runner.run(feeds), atol, rtol)
+                diff = graph.compare(f"Paddle Inference ({files.format}) vs dynamic, batch {bs}", reference,
+                                     runner.run(feeds), atol, rtol)
                 report["checks"][f"paddle_inference_bs{bs}_max_abs_diff"] = diff
-            if onnx_runner is not None:
-                diff = check_close(f"onnxruntime vs dynamic, batch {bs}", reference, onnx_runner.run(feeds),
-                                   atol, rtol)
+            if target is not None:
+                onnx_reference = reference if target.layer is graph.layer else \
+                    run_dynamic(target.layer, target.inputs, feeds)
+                diff = target.compare(f"onnxruntime vs dynamic, batch {bs}", onnx_reference, target.runner.run(feeds),
+                                      atol, rtol)
                 report["checks"][f"onnxruntime_bs{bs}_max_abs_diff"] = diff
+    extra = {"export_check": report["checks"]} if report["checks"] else {}
+    if target is not None and target.meta_section:
+        extra["onnx"] = target.meta_section
     meta = M.build_meta(family=spec["family"], name=cfg.model.name, num_classes=num_classes, data_format=data_format,
                         files=files, inputs=inputs, outputs=outputs, preprocess=spec["preprocess"],
                         postprocess=graph.postprocess, labels=labels, tensorrt=tensorrt,
-                        onnx_file=os.path.basename(onnx_file) if onnx_file else None,
-                        extra={"export_check": report["checks"]} if report["checks"] else None)
+                        onnx_file=os.path.basename(target.file) if target else None, extra=extra or None)
     report["meta_file"] = M.write_meta(output_dir, meta)
     report["seconds"] = round(time.time() - started, 2)
     return report
 
 
-__all__ = ["export_model", "read_labels", "labels_from_data"]
+__all__ = ["build_trained_model", "export_model", "find_labels", "labels_from_checkpoint", "labels_from_data",
+           "read_labels"]

@@ -15,17 +15,25 @@ An export spec is a dict a task supplies (``export_model(..., export_spec=...)``
 
 ``legacy_export_spec(cfg, model)`` derives a spec from the model itself; it is the one place in
 export that tells a detector from a classifier, until the task plug-ins supply the spec.
+
+Per family, ``GRAPHS`` saves the Paddle program and ``ONNX_TARGETS`` writes ``inference.onnx``: the
+same program for a classifier, the program up to NMS for a detector (:mod:`ppdlx.export.onnx_detection`).
 """
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import paddle.nn as nn
 
 from ppdlx.errors import ConfigError
 from ppdlx.export.files import ModelFiles
 from ppdlx.export.meta import classification_preprocess
+from ppdlx.export.onnx_detection import (check_candidates_close, check_detections_close, onnx_section,
+                                        save_candidates_program)
+from ppdlx.export.onnx_export import OnnxRunner, check_close, export_onnx
 from ppdlx.export.paddle_export import (DETECTION_ROLES, INPUT_NAME, SCALE_NAME, ClassifierForExport,
                                         DetectorForExport, image_shape, save_classifier, save_detector)
 
@@ -54,10 +62,14 @@ def detection_export_spec(transforms, image_size: int, num_classes: int, anchors
 
 
 def legacy_export_spec(cfg, model) -> dict:
-    """The spec of ``model`` under ``cfg``: a model carrying anchor settings is a detector."""
+    """The spec of ``model`` under ``cfg``: a model carrying anchor settings is a detector, whose
+    graph post-processes with the hard-NMS settings of ``cfg.detection``."""
     num_classes = int(getattr(model, "num_classes", cfg.model.num_classes))
     if hasattr(model, "anchor_args") and hasattr(model, "image_size"):
-        return detection_export_spec(cfg.data.transforms, model.image_size, num_classes, model.anchor_args)
+        d = cfg.detection
+        nms = {"pre_nms_top_k": d.pre_nms_top_k, "max_detections": d.max_detections, "iou_threshold": d.iou_threshold,
+               "score_threshold": d.score_threshold}
+        return detection_export_spec(cfg.data.transforms, model.image_size, num_classes, model.anchor_args, nms)
     return classification_export_spec(cfg.data.transforms, cfg.export.output, num_classes)
 
 
@@ -69,6 +81,7 @@ class ExportGraph:
     inputs: List[dict]       # inference.yml inputs: name, shape, dtype, layout, role
     output_roles: List[str]  # one per program output, in order
     postprocess: dict        # inference.yml postprocess section
+    compare: Callable = check_close  # (what, reference, outputs, atol, rtol) -> max diff, raises if not close
 
 
 def _image_input(data_format: str, size: int) -> dict:
@@ -93,8 +106,10 @@ def detection_graph(model, spec: dict, output_dir: str, data_format: str, fmt: s
     inputs = [_image_input(data_format, size),
               {"name": SCALE_NAME, "shape": [-1], "dtype": "float32", "layout": "N", "role": "scale"}]
     postprocess = {**spec["postprocess"], "max_detections": int(post.max_detections),
-                   "nms_iou_threshold": float(post.iou_threshold)}
-    return ExportGraph(files, DetectorForExport(model, post), inputs, list(DETECTION_ROLES), postprocess)
+                   "nms_iou_threshold": float(post.iou_threshold), "pre_nms_top_k": int(post.pre_nms_top_k),
+                   "nms_score_threshold": float(post.score_threshold)}
+    return ExportGraph(files, DetectorForExport(model, post), inputs, list(DETECTION_ROLES), postprocess,
+                       check_detections_close)
 
 
 GRAPHS: Dict[str, Callable[..., ExportGraph]] = {"classification": classification_graph,
@@ -106,3 +121,44 @@ def export_graph(model, spec: dict, output_dir: str, data_format: str, fmt: str)
     if family not in GRAPHS:
         raise ConfigError(f"export spec family={family!r}: expected one of {', '.join(sorted(GRAPHS))}")
     return GRAPHS[family](model, spec, output_dir, data_format, fmt)
+
+
+@dataclass
+class OnnxTarget:
+    """An ``inference.onnx`` and how it is checked: ``compare(what, reference, outputs, atol, rtol)``
+    of ``runner``'s outputs against ``layer`` (the dynamic graph the file was converted from)."""
+    file: str
+    runner: OnnxRunner
+    layer: nn.Layer
+    inputs: List[dict]
+    compare: Callable
+    meta_section: Optional[dict]  # inference.yml "onnx" section when the graph differs from the program's
+
+
+def classification_onnx(graph: ExportGraph, spec: dict, onnx_file: str, data_format: str, opset: int,
+                        threads: int) -> OnnxTarget:
+    export_onnx(graph.files, onnx_file, opset=opset)
+    return OnnxTarget(onnx_file, OnnxRunner(onnx_file, threads), graph.layer, graph.inputs, check_close, None)
+
+
+def detection_onnx(graph: ExportGraph, spec: dict, onnx_file: str, data_format: str, opset: int,
+                   threads: int) -> OnnxTarget:
+    """The graph up to NMS (:mod:`ppdlx.export.onnx_detection`); NMS runs in the deploy package."""
+    files, layer, inputs = save_candidates_program(graph.layer, os.path.dirname(onnx_file), spec["image_size"],
+                                                   data_format)
+    try:
+        export_onnx(files, onnx_file, opset=opset)
+    finally:
+        shutil.rmtree(files.model_dir, ignore_errors=True)
+    runner = OnnxRunner(onnx_file, threads)
+    return OnnxTarget(onnx_file, runner, layer, inputs, check_candidates_close,
+                      onnx_section(runner.output_names, inputs, graph.layer.postprocess))
+
+
+ONNX_TARGETS: Dict[str, Callable[..., OnnxTarget]] = {"classification": classification_onnx,
+                                                      "detection": detection_onnx}
+
+
+def export_onnx_target(graph: ExportGraph, spec: dict, onnx_file: str, data_format: str, opset: int,
+                       threads: int = 1) -> OnnxTarget:
+    return ONNX_TARGETS[spec["family"]](graph, spec, onnx_file, data_format, opset, threads)

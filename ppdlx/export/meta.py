@@ -8,14 +8,23 @@ Schema (``ppdlx_inference: 1``)::
     inputs:     [{name, shape (-1 = dynamic batch), dtype, layout, role}]
     outputs:    [{name, role}]    roles: logits|probabilities  or  boxes|scores|classes|count
     preprocess: classification: {type: resize_short_center_crop, resize_short, crop_size,
-                interpolation, mean, std (0..255 pixel units), color: RGB}
-                detection: {type: resize_long_pad, size, interpolation, mean, std, pad_value}
+                interpolation, mean, std (0..255 pixel units), color: RGB|BGR}
+                detection: {type: resize_long_pad, size, interpolation, mean, std, color,
+                pad_value (normalised units: 0 = the mean colour)}
     postprocess: classification: {type: topk, output: logits|probabilities, topk}
-                detection: {type: detections, score_threshold, box_format: xyxy, coords: original}
-    labels:     class names (index = class id) or null
+                detection: {type: detections, score_threshold (display), box_format: xyxy,
+                coords: original, max_detections, nms_iou_threshold, pre_nms_top_k,
+                nms_score_threshold}  (the NMS inside the graph)
+    labels:     class names (index = class id): the class folders / COCO category names, or null
     tensorrt:   {min_subgraph_size, workspace_size_bytes (bytes, not MB), max_batch_size,
                  shape_range: {input: {min, opt, max}}}
+    onnx:       detection only: the ONNX graph's own {inputs, outputs: [{name, role:
+                candidate_boxes|candidate_scores|candidate_classes}], nms: {type: multiclass_nms3,
+                score_threshold, iou_threshold, keep_top_k, nms_top_k, normalized, box_coords}}
+                (ppdlx.export.onnx_detection: the graph stops before NMS)
     export_check: max abs differences measured at export time
+    verify:     written by --verify (ppdlx.export.verify): images, reference metrics, per backend
+                and precision the deployed metrics, agreement, pass/fail and the cause
 """
 from __future__ import annotations
 

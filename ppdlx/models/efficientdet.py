@@ -94,6 +94,7 @@ class ResampleFeatureMap(nn.Layer):
         return x
 
 
+@paddle.jit.not_to_static  # a plain Python branch on the mode: converting it breaks tracing of 1x1 maps
 def nearest_upsample(x, factor, target, data_format="NCHW"):
     """Nearest-neighbour upsampling by an integer ``factor``, cropped to ``target``'s spatial size
     (source index = floor(dst / factor), like ``F.interpolate(mode="nearest")``).

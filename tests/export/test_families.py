@@ -71,7 +71,8 @@ def test_detector_exports_from_a_plain_spec(tmp_path):
                                   "mean": [123.675, 116.28, 103.53], "std": [58.395, 57.12, 57.375],
                                   "pad_value": 0.0, "color": "RGB"}
     assert meta["postprocess"] == {"type": "detections", "box_format": "xyxy", "coords": "original",
-                                   "score_threshold": 0.4, "max_detections": 20, "nms_iou_threshold": 0.5}
+                                   "score_threshold": 0.4, "max_detections": 20, "nms_iou_threshold": 0.5,
+                                   "pre_nms_top_k": 5000, "nms_score_threshold": 0.001}
     assert meta["tensorrt"]["shape_range"]["image"]["opt"] == [8, 3, 128, 128]
     # the program is the model followed by post-processing built from the spec's anchors and NMS settings
     from ppdlx.models.detection.det_postprocess import EfficientDetPostProcess

@@ -128,6 +128,9 @@ def main(argv=None) -> int:
                                  **plan_options(args))
     for note in predictor.plan["notes"]:
         print(f"# {note}", file=sys.stderr)
+    if not meta.get("labels"):
+        print("# inference.yml has no labels: classes are shown by index (re-export with --labels FILE)",
+              file=sys.stderr)
     if args.benchmark:
         sizes = [int(b) for b in (args.batch_sizes or str(args.batch_size)).split(",") if b]
         case = f"{args.backend}-{args.precision}"

@@ -24,6 +24,15 @@ def load_meta(model_dir: str) -> dict:
     return meta
 
 
+def graph_roles(meta: dict, backend: str) -> list:
+    """The output roles of the graph ``backend`` runs: the Paddle program's (``outputs``), or for
+    onnxruntime those of the ONNX graph when ``inference.yml`` describes it apart (``onnx.outputs``:
+    a detection ONNX graph ends before NMS)."""
+    if backend == "onnxruntime" and (meta.get("onnx") or {}).get("outputs"):
+        return [o["role"] for o in meta["onnx"]["outputs"]]
+    return [o["role"] for o in meta["outputs"]]
+
+
 def model_files(model_dir: str, meta: Optional[dict] = None) -> dict:
     """``{"format": "pir"|"program", "model_file", "params_file"}`` decided by the files present."""
     prefix = "inference"

@@ -1,16 +1,17 @@
 """One export served from image files: ``inference.yml``, its pre-processing, a predictor and the
-post-processing, in the order a service runs them. The command line predicts through it; so can a
-check that compares the deployed model with the trained one, which then sees exactly what a
-user's service would (raw files in, the export's own pre-processing, the chosen backend)."""
+post-processing, in the order a service runs them. The command line predicts through it; so does
+``tools/export_model.py --verify``, which compares the deployed model with the trained one and so
+sees exactly what a user's service would (raw files in, the export's own pre-processing, the
+chosen backend)."""
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
 
 from .meta import load_meta
-from .postprocess import postprocess
+from .postprocess import complete_outputs, postprocess
 from .predictors import create_predictor
 from .preprocess import Preprocessor, load_image
 
@@ -20,6 +21,7 @@ class Pipeline:
         self.meta = meta
         self.predictor = predictor
         self.preprocessor = preprocessor or Preprocessor(meta)
+        self.backend = predictor.plan["backend"]
 
     @classmethod
     def open(cls, model_dir: str, backend: str = "paddle-cpu", precision: str = "fp32",
@@ -28,9 +30,14 @@ class Pipeline:
         meta = meta or load_meta(model_dir)
         return cls(meta, create_predictor(model_dir, backend, precision, meta=meta, **options))
 
+    def run_feeds(self, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
+        """The outputs ``inference.yml`` lists, whichever graph the backend runs (a detection ONNX
+        graph's NMS is completed here)."""
+        return complete_outputs(self.meta, self.backend, self.predictor.run(feeds), feeds)
+
     def run(self, images: Sequence[Image.Image]) -> List[np.ndarray]:
         """The network's outputs for a batch of RGB images."""
-        return self.predictor.run(self.preprocessor.feeds(images))
+        return self.run_feeds(self.preprocessor.feeds(images))
 
     def batches(self, paths: Sequence[str], batch_size: int = 1
                 ) -> Iterator[Tuple[List[str], List[Image.Image], List[np.ndarray]]]:
@@ -42,6 +49,7 @@ class Pipeline:
 
     def predict(self, paths: Sequence[str], batch_size: int = 1, topk: int = 5,
                 score_threshold: Optional[float] = None) -> Iterator[Tuple[str, list]]:
-        """``(path, result)`` per file, the result as :func:`ppdlx_deploy.postprocess.postprocess` gives it."""
+        """``(path, result)`` per file, the result as :func:`ppdlx_deploy.postprocess.postprocess`
+        gives it (class names from ``inference.yml`` labels)."""
         for batch, _, outputs in self.batches(paths, batch_size):
             yield from zip(batch, postprocess(self.meta, outputs, topk, score_threshold))

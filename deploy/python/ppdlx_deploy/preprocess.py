@@ -1,6 +1,10 @@
 """Image files to network inputs, as ``inference.yml`` describes: a line-by-line mirror of
-ppdlx.data.transforms (EvalTransform) for classification, and EfficientDet's resize-longer-side
-+ pad for detection. Deliberately a copy: deploy/ must run without ppdlx."""
+ppdlx.data.transforms (EvalTransform) for classification, and of EfficientDet's eval transform
+(ppdlx.data.coco_dataset / coco_geometry.eval_size: longer side to the input size, pad
+bottom/right) for detection. Deliberately a copy: deploy/ must run without ppdlx.
+
+``preprocess.color`` is the channel order the network was trained on: ``RGB`` (every ppdlx
+export) or ``BGR`` (channels reversed after decoding, before normalising)."""
 from __future__ import annotations
 
 import glob
@@ -33,8 +37,13 @@ def center_crop(img: Image.Image, size: int) -> Image.Image:
     return img.crop((left, top, left + size, top + size))
 
 
-def normalize(img: Image.Image, mean, std, layout: str) -> np.ndarray:
+COLORS = ("RGB", "BGR")
+
+
+def normalize(img: Image.Image, mean, std, layout: str, color: str = "RGB") -> np.ndarray:
     arr = np.asarray(img, dtype=np.float32)
+    if color == "BGR":
+        arr = arr[..., ::-1]
     arr = (arr - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return np.ascontiguousarray(arr.transpose(2, 0, 1) if layout == "NCHW" else arr)
 
@@ -72,22 +81,26 @@ class Preprocessor:
         self.scale_name = next((i["name"] for i in meta["inputs"] if i.get("role") == "scale"), None)
         if self.cfg["type"] not in ("resize_short_center_crop", "resize_long_pad"):
             raise DeployError(f"{META_FILE}: unknown preprocess.type {self.cfg['type']!r}")
+        self.color = self.cfg.get("color", "RGB")
+        if self.color not in COLORS:
+            raise DeployError(f"{META_FILE}: preprocess.color {self.color!r}: expected one of {', '.join(COLORS)}")
 
     def __call__(self, img: Image.Image):
         c = self.cfg
         if c["type"] == "resize_short_center_crop":
             img = center_crop(resize_shorter(img, c["resize_short"], c["interpolation"]), c["crop_size"])
-            return normalize(img, c["mean"], c["std"], self.layout), 1.0
-        # resize_long_pad: scale the longer side to `size`, pad bottom/right (EfficientDet eval).
+            return normalize(img, c["mean"], c["std"], self.layout, self.color), 1.0
+        # resize_long_pad: the longer side to `size` (truncated, as ppdlx's eval_size), pad bottom/right.
         size = int(c["size"])
         w, h = img.size
         ratio = min(size / h, size / w)
-        new_w, new_h = max(1, int(round(w * ratio))), max(1, int(round(h * ratio)))
-        resized = img.resize((new_w, new_h), _INTERP[c["interpolation"]])
-        arr = normalize(resized, c["mean"], c["std"], "NHWC")
-        pad_norm = (float(c.get("pad_value", 0.0)) - np.asarray(c["mean"], np.float32)) / np.asarray(c["std"], np.float32)
+        new_w, new_h = max(1, int(w * ratio + 1e-4)), max(1, int(h * ratio + 1e-4))
+        fx, fy = new_w / w, new_h / h
+        resized = img.resize((new_w, new_h), _INTERP[c["interpolation"]], box=(0, 0, new_w / fx, new_h / fy))
+        arr = normalize(resized, c["mean"], c["std"], "NHWC", self.color)
+        # pad_value is in normalised units (ppdlx pads after normalising: 0 is the mean colour)
         canvas = np.empty((size, size, 3), np.float32)
-        canvas[...] = pad_norm
+        canvas[...] = np.asarray(c.get("pad_value", 0.0), np.float32)
         canvas[:new_h, :new_w] = arr
         if self.layout == "NCHW":
             canvas = canvas.transpose(2, 0, 1)

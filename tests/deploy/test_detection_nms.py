@@ -1,0 +1,64 @@
+"""The deploy package's numpy NMS (run after a detection ONNX graph, which stops before NMS) keeps
+exactly the boxes Paddle's multiclass_nms3 keeps in the exported program: same boxes, scores,
+classes, order and count, including score ties, keep_top_k truncation, overlapping boxes of
+different classes and boxes an untrained head decodes to infinity."""
+import importlib
+
+import numpy as np
+import paddle
+import pytest
+
+from ppdlx.benchmarks.infer import load_deploy_module
+from ppdlx.models.detection.nms import multiclass_hard_nms
+
+load_deploy_module()
+P = importlib.import_module("ppdlx_deploy.postprocess")
+
+
+def candidates(seed: int, k: int = 300, num_classes: int = 4):
+    rng = np.random.default_rng(seed)
+    centre = rng.uniform(0, 64, (k, 2))
+    size = rng.uniform(2, 30, (k, 2))
+    boxes = np.concatenate([centre - size / 2, centre + size / 2], 1).astype(np.float32)
+    boxes[rng.random(k) < 0.05] = np.inf                             # an untrained head overflows exp()
+    scores = np.round(rng.uniform(0, 1, k) * 20) / 20                 # ties on purpose
+    scores = np.sort(scores.astype(np.float32))[::-1].copy()          # top-k order, as the graph feeds NMS
+    scores[-20:] = 0.0005                                             # below the score threshold
+    classes = rng.integers(0, num_classes, k).astype(np.int64)
+    return boxes, scores, classes
+
+
+@pytest.mark.parametrize("seed,keep_top_k,iou", [(0, 100, 0.5), (1, 12, 0.5), (2, 100, 0.3), (3, 5, 0.7)])
+def test_numpy_nms_keeps_what_paddles_multiclass_nms3_keeps(seed, keep_top_k, iou):
+    boxes, scores, classes = candidates(seed)
+    expected = [t.numpy() for t in multiclass_hard_nms(paddle.to_tensor(boxes[None]), paddle.to_tensor(scores[None]),
+                                                       paddle.to_tensor(classes[None]), 4, iou, 0.001, keep_top_k)]
+    got_boxes, got_scores, got_classes, got_count = P.multiclass_nms(boxes, scores, classes, 0.001, iou, keep_top_k)
+    count = int(expected[3][0])
+    assert got_count == count > 0
+    assert got_classes.tolist() == expected[2][0].tolist()   # the order, ties included
+    np.testing.assert_array_equal(got_scores, np.abs(expected[1][0]))  # the graph pads with -0.0
+    np.testing.assert_array_equal(got_boxes[:count], expected[0][0][:count])
+    assert np.all(got_classes[count:] == -1) and np.all(got_boxes[count:] == 0)
+
+
+def test_onnx_candidates_are_completed_into_the_programs_outputs():
+    """complete_outputs turns an ONNX graph's candidates into the Paddle program's four outputs,
+    boxes scaled by the image_scale feed; a Paddle backend's outputs pass through unchanged."""
+    boxes, scores, classes = candidates(7, k=50)
+    boxes[~np.isfinite(boxes)] = 1.0
+    meta = {"inputs": [{"name": "image", "role": "image"}, {"name": "image_scale", "role": "scale"}],
+            "outputs": [{"name": "b", "role": "boxes"}, {"name": "s", "role": "scores"},
+                        {"name": "c", "role": "classes"}, {"name": "n", "role": "count"}],
+            "onnx": {"outputs": [{"name": "cb", "role": "candidate_boxes"}, {"name": "cs", "role": "candidate_scores"},
+                                 {"name": "cc", "role": "candidate_classes"}],
+                     "nms": {"score_threshold": 0.001, "iou_threshold": 0.5, "keep_top_k": 10}}}
+    feeds = {"image_scale": np.asarray([2.0, 0.5], np.float32)}
+    outputs = [np.stack([boxes, boxes]), np.stack([scores, scores]), np.stack([classes, classes])]
+    done = P.complete_outputs(meta, "onnxruntime", outputs, feeds)
+    single = P.multiclass_nms(boxes, scores, classes, 0.001, 0.5, 10)
+    assert [o.shape for o in done] == [(2, 10, 4), (2, 10), (2, 10), (2,)]
+    np.testing.assert_array_equal(done[0][0], single[0] * 2.0)
+    np.testing.assert_array_equal(done[0][1], single[0] * 0.5)
+    assert done[3].tolist() == [single[3]] * 2 and done[3].dtype == np.int32
+    assert P.complete_outputs(meta, "paddle-cpu", outputs, feeds) is outputs
