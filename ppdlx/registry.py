@@ -6,8 +6,9 @@ that lists the close matches.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
-from typing import Callable, Dict, Iterable
+from typing import Callable, Dict, Iterable, Iterator
 
 from ppdlx.errors import ConfigError
 
@@ -43,6 +44,16 @@ class Registry:
 
     def names(self) -> Iterable[str]:
         return sorted(self._builders)
+
+    @contextlib.contextmanager
+    def registered(self, name: str, builder: Callable) -> Iterator[Callable]:
+        """``name`` is built by ``builder`` inside the block only (a plug-in tried out, a test's own model), so
+        that it never shows in another caller's :meth:`names`."""
+        self.register(name)(builder)
+        try:
+            yield builder
+        finally:
+            del self._builders[name]
 
     def __contains__(self, name: str) -> bool:
         return name in self._builders

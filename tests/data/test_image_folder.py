@@ -96,9 +96,10 @@ def test_cli_missing_data_dir_exits_nonzero_with_one_line(tmp_path):
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 2
     err_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert err_lines == [f"error: {tmp_path}/missing/train: split directory not found (expected "
-                         f"<data.root>/<split>/<class>/*.jpg; set data.root, or run tools/prepare_demo_data.py "
-                         f"for the demo data)"]
+    # the data check before training names every missing split in the one line
+    missing = [f"{tmp_path}/missing/{split}: split directory not found (expected <data.root>/<split>/<class>/*.jpg; "
+               f"set data.root, or run tools/prepare_demo_data.py for the demo data)" for split in ("train", "val")]
+    assert err_lines == ["error: " + "; ".join(missing)]
     assert "Traceback" not in proc.stderr
 
 

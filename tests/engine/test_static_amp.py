@@ -42,8 +42,11 @@ class ElementwiseNet(paddle.nn.Layer):
         return (h.unsqueeze(-1) * self.fc.weight).sum(1) + self.fc.bias
 
 
-if "test_elementwise_net" not in MODELS:
-    MODELS.register("test_elementwise_net")(ElementwiseNet)
+@pytest.fixture(autouse=True, scope="module")
+def elementwise_net_registered():
+    # registered for this module only: the model tests enumerate every registered model
+    with MODELS.registered("test_elementwise_net", ElementwiseNet):
+        yield
 
 
 def elementwise_cfg(out, *extra):

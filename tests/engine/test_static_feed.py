@@ -62,8 +62,9 @@ def test_training_steps_move_only_scalars_between_host_and_device(tmp_path):
     assert trainer.global_step == 3
     big = [c for c in copies if c[1] > 1]
     assert big == [], big
-    # per step: the LR, EMA decay and 1 - decay in (host -> device); loss and finite flag out
-    assert len(copies) == 5 * trainer.global_step
+    # per step: the LR, EMA decay and 1 - decay in (host -> device); loss and finite flag out; and at each log
+    # line (log_interval=1 here) the weights' all-finite flag
+    assert len(copies) == (5 + 1) * trainer.global_step
     after = trainer.step.model_state()
     assert max(float(np.abs(after[k] - before[k]).max()) for k in before) > 0  # it trained
 
