@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image
 
 from ppdlx.data.coco_geometry import eval_size, pad_targets, train_window, transform_boxes
-from ppdlx.data.coco_index import CocoIndex, coco_paths
+from ppdlx.data.coco_index import CocoIndex, IndexedByCoco, coco_paths
 from ppdlx.data.image_folder import sample_rng
 from ppdlx.data.loader_common import PaddleIOLoader
 from ppdlx.registry import DATASETS
@@ -25,7 +25,7 @@ _INTERP = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
 
 @DATASETS.register("coco")
-class CocoDetection:
+class CocoDetection(IndexedByCoco):
     """Map-style dataset; ``dataset[i]`` -> ``(image, gt_boxes, gt_classes, image_id, image_scale, i)``
     (image None when the file cannot be decoded: the loader reports and drops it)."""
 
@@ -48,21 +48,6 @@ class CocoDetection:
     @property
     def records(self):
         return self.index.records
-
-    @property
-    def classes(self):
-        return self.index.class_names
-
-    @property
-    def cat_ids(self):
-        return self.index.cat_ids
-
-    @property
-    def coco_gt(self):
-        return self.index.coco_gt
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __len__(self):
         return len(self.index.records)

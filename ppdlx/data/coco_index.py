@@ -156,3 +156,22 @@ def coco_paths(cfg, split: str):
     json_path = c.train_json if split == "train" else c.val_json
     image_dir = c.train_images if split == "train" else c.val_images
     return tuple(p if os.path.isabs(p) else os.path.join(root, p) for p in (json_path, image_dir))
+
+
+class IndexedByCoco:
+    """What the paddle.io and DALI COCO readers tell their callers about the annotations (``self.index``)."""
+
+    @property
+    def classes(self):
+        return self.index.class_names
+
+    @property
+    def cat_ids(self):
+        return self.index.cat_ids
+
+    @property
+    def coco_gt(self):
+        return self.index.coco_gt
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch

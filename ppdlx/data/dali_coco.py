@@ -45,7 +45,7 @@ import numpy as np
 import paddle
 
 from ppdlx.data.coco_geometry import pad_targets, transform_boxes
-from ppdlx.data.coco_index import CocoIndex, coco_paths
+from ppdlx.data.coco_index import CocoIndex, IndexedByCoco, coco_paths
 from ppdlx.data.dali_handover import check_device, dali_device_id, to_paddle
 from ppdlx.data.loader_common import split_batch_sampler
 from ppdlx.errors import DataError
@@ -108,7 +108,7 @@ def _graph(image_dir, json_path, files, size, mean, std, training_random, includ
     return images, bboxes, labels, ids, params
 
 
-class DaliCocoLoader:
+class DaliCocoLoader(IndexedByCoco):
     """Detection batches from a DALI pipeline, one epoch per ``iter()``; same interface as ``CocoLoader``."""
 
     def __init__(self, cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None):
@@ -139,23 +139,8 @@ class DaliCocoLoader:
         return len(self.index.records)
 
     @property
-    def classes(self):
-        return self.index.class_names
-
-    @property
-    def cat_ids(self):
-        return self.index.cat_ids
-
-    @property
-    def coco_gt(self):
-        return self.index.coco_gt
-
-    @property
     def image_size(self):
         return self.coco_cfg.image_size
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __len__(self):
         return len(self.sampler)
