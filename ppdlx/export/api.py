@@ -11,7 +11,7 @@ from typing import List, Optional, Sequence
 
 import ppdlx.export.meta as M
 from ppdlx.errors import ConfigError, UnsupportedError
-from ppdlx.export.families import export_graph, export_onnx_target, legacy_export_spec
+from ppdlx.export.families import export_graph, export_onnx_target
 from ppdlx.export.paddle_export import PaddleInferenceRunner, random_feeds, run_dynamic
 
 log = logging.getLogger("ppdlx")
@@ -140,7 +140,7 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     """Export ``cfg.model`` to ``output_dir`` (default ``cfg.export.output_dir`` or
     ``<global.output_dir>/inference``). ``model`` overrides building from the config (tests).
     ``export_spec`` (see :mod:`ppdlx.export.families`) says what the model is and how it is fed and
-    read; without one it is derived from the model (``legacy_export_spec``).
+    read; without one the config's task plug-in supplies it.
 
     Returns a report: files, I/O, max abs diffs (Paddle Inference and ONNX vs dynamic).
     """
@@ -156,7 +156,10 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
         raise UnsupportedError("--onnx: paddle2onnx cannot convert NHWC convolutions; export the same weights "
                                "with model.data_format=NCHW for ONNX (Paddle Inference/TRT take the NHWC export)")
     num_classes = int(getattr(model, "num_classes", cfg.model.num_classes))
-    spec = export_spec if export_spec is not None else legacy_export_spec(cfg, model)
+    if export_spec is None:
+        from ppdlx.engine.tasks import task_of
+        export_spec = task_of(cfg).export_spec(cfg, model)
+    spec = export_spec
     graph = export_graph(model, spec, output_dir, data_format, fmt)
     files, inputs = graph.files, graph.inputs
     runner = PaddleInferenceRunner(files, threads=threads)

@@ -13,8 +13,8 @@ An export spec is a dict a task supplies (``export_model(..., export_spec=...)``
   ``aspect_ratios``, ``anchor_scale``) and ``nms`` (keyword overrides of
   ``EfficientDetPostProcess``; empty keeps its defaults): the post-processing built into the graph.
 
-``legacy_export_spec(cfg, model)`` derives a spec from the model itself; it is the one place in
-export that tells a detector from a classifier, until the task plug-ins supply the spec.
+Export never tells a detector from a classifier itself: the config's task plug-in
+(:mod:`ppdlx.engine.tasks`) supplies the spec.
 
 Per family, ``GRAPHS`` saves the Paddle program and ``ONNX_TARGETS`` writes ``inference.onnx``: the
 same program for a classifier, the program up to NMS for a detector (:mod:`ppdlx.export.onnx_detection`).
@@ -59,18 +59,6 @@ def detection_export_spec(transforms, image_size: int, num_classes: int, anchors
             "postprocess": {"type": "detections", "box_format": "xyxy", "coords": "original",
                             "score_threshold": float(score_threshold)},
             "trt_batches": {"opt_batch": 8, "max_batch": 32}}
-
-
-def legacy_export_spec(cfg, model) -> dict:
-    """The spec of ``model`` under ``cfg``: a model carrying anchor settings is a detector, whose
-    graph post-processes with the hard-NMS settings of ``cfg.detection``."""
-    num_classes = int(getattr(model, "num_classes", cfg.model.num_classes))
-    if hasattr(model, "anchor_args") and hasattr(model, "image_size"):
-        d = cfg.detection
-        nms = {"pre_nms_top_k": d.pre_nms_top_k, "max_detections": d.max_detections, "iou_threshold": d.iou_threshold,
-               "score_threshold": d.score_threshold}
-        return detection_export_spec(cfg.data.transforms, model.image_size, num_classes, model.anchor_args, nms)
-    return classification_export_spec(cfg.data.transforms, cfg.export.output, num_classes)
 
 
 @dataclass

@@ -115,7 +115,7 @@ def verify_export(cfg, model_dir: str, source: str = "val", max_images: Optional
     record also written to ``inference.yml`` as ``verify:`` (``passed``, per case figures, ``failure``)."""
     from ppdlx.benchmarks.infer import load_deploy_module
     from ppdlx.export.api import build_trained_model
-    from ppdlx.export.families import legacy_export_spec
+    from ppdlx.engine.tasks import task_of
     if not cfg.model.weights:
         raise ConfigError("--verify compares the export with the trained model: set -o model.weights=<checkpoint>")
     D = load_deploy_module()
@@ -123,7 +123,7 @@ def verify_export(cfg, model_dir: str, source: str = "val", max_images: Optional
     family = meta["model"]["family"]
     threads = threads or D.default_threads()
     model = model if model is not None else build_trained_model(cfg, cfg.model.weights)
-    expected_preprocess = legacy_export_spec(cfg, model)["preprocess"]
+    expected_preprocess = task_of(cfg).export_spec(cfg, model)["preprocess"]
     workdir = tempfile.mkdtemp(prefix="ppdlx_verify_")
     try:
         vset = build_verify_set(cfg, family, source, max_images, workdir, meta["postprocess"])

@@ -192,7 +192,9 @@ def test_efficientdet_export_with_postprocess_in_graph(tmp_path):
     import ppdlx.models.efficientdet  # noqa: F401
     from ppdlx.models.detection.det_postprocess import EfficientDetPostProcess
     from ppdlx.export.paddle_export import DetectorForExport
-    cfg = small_cfg("efficientdet_d0", **{"model.args": "{image_size: 128}", "model.num_classes": 3})
+    # a COCO config: its task plug-in (detection) supplies the export spec
+    cfg = small_cfg("efficientdet_d0", **{"model.args": "{image_size: 128}", "model.num_classes": 3,
+                                          "data.dataset": "coco"})
     paddle.seed(0)
     model = build_model(cfg)
     model.eval()

@@ -11,7 +11,7 @@ from ppdlx.config import load_config
 from ppdlx.engine.builders import build_model
 from ppdlx.errors import ConfigError
 from ppdlx.export import (classification_export_spec, detection_export_spec, export_model, find_model_files,
-                          legacy_export_spec, read_meta)
+                          read_meta)
 from ppdlx.export.families import export_graph
 from ppdlx.export.paddle_export import DetectorForExport, PaddleInferenceRunner, random_feeds, run_dynamic
 
@@ -58,7 +58,6 @@ def test_detector_exports_from_a_plain_spec(tmp_path):
     inner.eval()
     assert dict(inner.anchor_args) == D0_ANCHORS  # the literal above is the model's own setting
     model = SpecOnlyDetector(inner)
-    assert legacy_export_spec(cfg, model)["family"] == "classification"  # what sniffing the model would say
     spec = detection_export_spec(cfg.data.transforms, 128, 3, D0_ANCHORS, nms={"max_detections": 20})
     report = export_model(cfg, output_dir=str(tmp_path), model=model, export_spec=spec, check_batch_sizes=(2,),
                           atol=TOL, rtol=0.0)
@@ -106,18 +105,12 @@ def _probes(tree):
     return found
 
 
-def test_the_legacy_spec_is_the_only_detector_probe_in_export():
+def test_export_has_no_detector_probe_the_task_plugin_supplies_the_spec():
     outside = []
     for name in sorted(os.listdir(EXPORT_DIR)):
         if not name.endswith(".py"):
             continue
         with open(os.path.join(EXPORT_DIR, name), encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-        allowed = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and node.name == "legacy_export_spec":
-                allowed |= _probes(node)
-        outside += [f"ppdlx/export/{name}:{line}: {what}" for line, what in sorted(_probes(tree) - allowed)]
-    assert not outside, "detector probes outside legacy_export_spec:\n" + "\n".join(outside)
-    with open(os.path.join(EXPORT_DIR, "families.py"), encoding="utf-8") as f:
-        assert len(_probes(ast.parse(f.read()))) == 2  # hasattr and the read, both in legacy_export_spec
+            outside += [f"ppdlx/export/{name}:{line}: {what}" for line, what in sorted(_probes(ast.parse(f.read())))]
+    assert not outside, "detector probes in export (the task plug-in's export_spec says what a model is):\n" + \
+        "\n".join(outside)

@@ -218,8 +218,11 @@ class Detection(Task):
 
     def export_spec(self, cfg, model) -> dict:
         from ppdlx.export.families import detection_export_spec
+        d = cfg.detection  # the graph post-processes with the evaluator's hard-NMS settings
+        nms = {"pre_nms_top_k": d.pre_nms_top_k, "max_detections": d.max_detections, "iou_threshold": d.iou_threshold,
+               "score_threshold": d.score_threshold}
         return detection_export_spec(cfg.data.transforms, model.image_size,
-                                     int(getattr(model, "num_classes", cfg.model.num_classes)), model.anchor_args)
+                                     int(getattr(model, "num_classes", cfg.model.num_classes)), model.anchor_args, nms)
 
 
 TASKS.register("detection")(Detection())
