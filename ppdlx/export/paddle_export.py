@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import paddle
@@ -108,12 +108,17 @@ class PaddleInferenceRunner:
     """Paddle Inference on CPU (oneDNN, IR optimisation on): the deployment path, used to check
     an export. ``run({name: array}) -> [outputs in output-name order]``."""
 
-    def __init__(self, files: ModelFiles, threads: int = 1, onednn: bool = True):
+    def __init__(self, files: ModelFiles, threads: int = 1, onednn: bool = True,
+                 int8_ops: Optional[Sequence[str]] = None):
         import paddle.inference as pi
         config = pi.Config(files.model_file, files.params_file)
         config.disable_gpu()
         if onednn:
             (config.enable_onednn if hasattr(config, "enable_onednn") else config.enable_mkldnn)()
+        if int8_ops:  # a quantised legacy program: its quantize ops' scales become oneDNN int8 kernels
+            int8 = config.enable_onednn_int8 if hasattr(config, "enable_onednn_int8") else config.enable_mkldnn_int8
+            int8(set(int8_ops))
+            config.enable_new_ir(False)
         config.set_cpu_math_library_num_threads(threads)
         config.switch_ir_optim(True)
         config.disable_glog_info()

@@ -22,19 +22,7 @@ class Int8Runner(PaddleInferenceRunner):
     ``.pdmodel`` is required: Paddle's PIR CPU passes only delete quantize ops (docs/int8.md)."""
 
     def __init__(self, files: ModelFiles, threads: int = 1):
-        import paddle.inference as pi
-        config = pi.Config(files.model_file, files.params_file)
-        config.disable_gpu()
-        (config.enable_onednn if hasattr(config, "enable_onednn") else config.enable_mkldnn)()
-        int8 = config.enable_onednn_int8 if hasattr(config, "enable_onednn_int8") else config.enable_mkldnn_int8
-        int8(set(ONEDNN_INT8_OPS))
-        config.enable_new_ir(False)
-        config.set_cpu_math_library_num_threads(threads)
-        config.switch_ir_optim(True)
-        config.disable_glog_info()
-        self.predictor = pi.create_predictor(config)
-        self.input_names = list(self.predictor.get_input_names())
-        self.output_names = list(self.predictor.get_output_names())
+        super().__init__(files, threads=threads, int8_ops=ONEDNN_INT8_OPS)
 
 
 def compare_predictions(fp32_files: ModelFiles, int8_files: ModelFiles, preprocess: ExportPreprocess,
