@@ -246,6 +246,13 @@ def test_static_masking_stays_on_the_device(tmp_path):
 def test_static_amp_o2_masters_and_ema_are_masked(tmp_path):
     """bf16 O2 static program (elementwise Linear model: the bf16 ops this CPU runs): the hook
     masks the parameters, the fp32 masters the trainer lists and the EMA shadows."""
+    from ppdlx.registry import MODELS
+    from tests.engine.test_static_amp import ElementwiseNet
+    with MODELS.registered("test_elementwise_net", ElementwiseNet):  # the test model, for this test only
+        _static_amp_o2_masking(tmp_path)
+
+
+def _static_amp_o2_masking(tmp_path):
     from ppdlx.engine.amp import AmpPlan
     from tests.engine.test_static_amp import elementwise_cfg
     cfg = elementwise_cfg(tmp_path, "ema.enabled=true", "ema.decay=0.5")
