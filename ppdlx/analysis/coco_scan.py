@@ -8,7 +8,7 @@ import logging
 
 import numpy as np
 
-from ppdlx.analysis.data_scan import SplitReport, decode_with_dali, decode_with_dataset, file_digests
+from ppdlx.analysis.data_scan import SplitReport, decode_split, file_digests
 from ppdlx.data.coco import CocoDetection, CocoIndex
 from ppdlx.errors import DataError
 
@@ -92,13 +92,7 @@ def scan_coco_split(json_path: str, image_dir: str, name: str, backend: str, dec
         for label in {b[4] for b in boxes_of[rec["id"]]}:
             report.category_images[label] += 1
     if decode:
-        if backend == "dali":
-            report.decoder = "DALI's CPU decoder, as the data.backend=dali loader"
-            report.unreadable, report.sizes = decode_with_dali(report.paths)
-        else:
-            report.decoder = "PIL, as the paddle.io loader"
-            probe = _DecodeProbe(None, image_dir, index=index)
-            report.unreadable, report.sizes = decode_with_dataset(probe, report.paths)
+        decode_split(report, backend, lambda: (_DecodeProbe(None, image_dir, index=index), report.paths))
         for rec in index.records:
             decoded = report.sizes.get(rec["path"])
             expected = (int(rec["width"]), int(rec["height"]))

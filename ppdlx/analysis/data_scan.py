@@ -112,6 +112,18 @@ def decode_with_dataset(dataset, paths):
     return bad, sizes
 
 
+def decode_split(report, backend: str, make_probe) -> None:
+    """Fill ``report.decoder/unreadable/sizes`` the way the configured loader decodes: DALI's CPU decoder, or the
+    paddle.io dataset that ``make_probe()`` returns with the paths of its items."""
+    if backend == "dali":
+        report.decoder = "DALI's CPU decoder, as the data.backend=dali loader"
+        report.unreadable, report.sizes = decode_with_dali(report.paths)
+    else:
+        report.decoder = "PIL, as the paddle.io loader"
+        probe, paths = make_probe()
+        report.unreadable, report.sizes = decode_with_dataset(probe, paths)
+
+
 def scan_image_folder_split(root: str, split: str, name: str, backend: str, decode=True, hash_files=True):
     """A ``SplitReport`` of ``root/split``; ``decode``/``hash_files`` off keeps it to a directory walk."""
     split_dir = os.path.join(root, split)
@@ -130,13 +142,10 @@ def scan_image_folder_split(root: str, split: str, name: str, backend: str, deco
     for label in report.labels:
         report.class_counts[label] += 1
     if decode:
-        if backend == "dali":
-            report.decoder = "DALI's CPU decoder, as the data.backend=dali loader"
-            report.unreadable, report.sizes = decode_with_dali(report.paths)
-        else:
-            report.decoder = "PIL, as the paddle.io loader"
+        def folder_probe():
             probe = ImageFolder(root, split, transform=_decoded_size)
-            report.unreadable, report.sizes = decode_with_dataset(probe, [p for p, _ in probe.samples])
+            return probe, [p for p, _ in probe.samples]
+        decode_split(report, backend, folder_probe)
     if hash_files:
         report.digests = file_digests(report.paths)
     return report
