@@ -13,7 +13,7 @@ def test_demo_training_reaches_90_percent_top1(demo_run):
     assert report["top1"] >= 0.90, report
     assert report["epochs"] == 7
     for name in ("latest", "best", "epoch_7"):
-        assert os.path.isfile(os.path.join(demo_run["output_dir"], name + ".pdparams"))
+        assert os.path.isfile(os.path.join(demo_run["output_dir"], name, "model.pdparams"))
     assert os.path.isfile(os.path.join(demo_run["output_dir"], "config.yaml"))
 
 

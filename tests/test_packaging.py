@@ -255,7 +255,7 @@ def test_installed_wheel_trains_with_the_checkout_tools_from_outside(venv, digit
     result = json.loads(report.read_text())
     assert result["images"] == val_images == 12
     assert result["epochs"] == 1
-    assert all((out / f"latest{s}").is_file() for s in (".pdparams", ".pdopt", ".pdstates"))
+    assert all((out / "latest" / f).is_file() for f in ("model.pdparams", "optimizer.pdopt", "states.pdstates"))
     assert f"({val_images} val images, 1 epochs)" in proc.stdout
 
 

@@ -3,7 +3,7 @@
 ``python tools/model_info.py -c configs/gpunet/gpunet_0.yaml [--report info.json] [--resolution R]``
 
 The resolution is ``--resolution``, else ``data.transforms.crop_size``, or ``data.coco.image_size``
-when the model's ``default_cfg["task"]`` is detection. Report JSON: ``{"model", "params", "macs",
+when the model's ``default_cfg["task"]`` is detection (null: the model's ``default_cfg`` input size). Report JSON: ``{"model", "params", "macs",
 "resolution", "output_shape", "layers": [{"name", "type", "out_shape"}, ...]}`` (see ``ppdlx.models.info``).
 """
 from _cli import config_parser, load, run, write_report
@@ -16,12 +16,13 @@ def main():
     args = parser.parse_args()
     cfg = load(args)
     from ppdlx.engine.builders import build_model
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
     from ppdlx.errors import ConfigError
     from ppdlx.models.info import config_resolution, model_info
     if args.resolution is not None and args.resolution < 8:
         raise ConfigError(f"--resolution {args.resolution}: must be at least 8")
     model = build_model(cfg)
-    resolution = args.resolution or config_resolution(cfg, model.default_cfg)
+    resolution = args.resolution or config_resolution(resolve_preprocessing(cfg), model.default_cfg)
     if model.default_cfg["task"] == "detection" and model.default_cfg["input_size"][1] != resolution:
         # a detection model is built for one input size (its anchors)
         cfg = cfg.replace({"model.args": {**cfg.model.args, "image_size": resolution}})

@@ -63,6 +63,8 @@ def prune(args):
     cfg = cfg.replace({"asp.enabled": True})
     from ppdlx.engine import dist
     from ppdlx.engine.builders import build_model, count_params
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    from ppdlx.models.info import config_resolution
     from ppdlx.engine.run import train
     from ppdlx.sparsity import ASPHook, check_path, raise_on_violation
     from ppdlx.sparsity.flops import layer_macs
@@ -76,7 +78,7 @@ def prune(args):
         raise UnsupportedError(f"prune_asp: the {cfg.data.dataset} trainer did not run the ASP hook (before_train)")
     rows = hook.layer_report()
     fresh = build_model(cfg)  # a dynamic copy of the architecture (the trained one may be a static program)
-    macs = layer_macs(fresh, cfg.data.transforms.crop_size)
+    macs = layer_macs(fresh, config_resolution(resolve_preprocessing(cfg), fresh.default_cfg))
     add_flops(rows, macs)
     summary = summarize(rows, count_params(fresh), macs, hook.rules.n, hook.rules.m)
     print(format_table(rows))
@@ -85,7 +87,7 @@ def prune(args):
     latest = os.path.join(cfg.global_.output_dir, "latest")
     checked = check_path(latest)
     print(f"final: top1 {report.get('top1', 0.0):.4f} top5 {report.get('top5', 0.0):.4f} "
-          f"({report['epochs']} epochs) -> {report['output_dir']}; {latest}.pdparams: "
+          f"({report['epochs']} epochs) -> {report['output_dir']}; {latest}: "
           f"{checked['checked']} weights checked, {checked['violations']} violating")
     write_report(args.report, {**report, "sparsity": summary, "layers": rows,
                                "check": {k: v for k, v in checked.items() if k != "rows"}})

@@ -47,6 +47,10 @@ def main():
     from ppdlx.export import export_model, read_labels
     from ppdlx.quantization import labelled_images, list_images, quantize
     list_images(args.calib_images)  # a missing or empty directory is one line now, not after the export
+    from ppdlx.export.files import ensure_output_dir
+    ensure_output_dir(args.output_dir)  # an unwritable output is one line now, not after the calibration
+    if args.fp32_dir:
+        ensure_output_dir(args.fp32_dir, "--fp32-dir")
     if args.eval_images:
         labelled_images(args.eval_images, None)
     try:

@@ -6,12 +6,12 @@ Inputs are plain arrays, one row per image in the same order: true labels ``[N]`
 """
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
 
-from ppdlx.analysis.figures import hide_unused, load_rgb, new_figure, plotting_available, save_png, show_image
+from ppdlx.analysis.figures import (grid_figure, grid_size, hide_unused, load_rgb, new_figure, plotting_available,
+                                    save_png, show_image)
 from ppdlx.analysis.tables import markdown_table, write_text
 
 CONFUSION_MARGINS = (130, 110, 50, 110)  # left, right, top, bottom (px): names, colour bar, title
@@ -136,19 +136,12 @@ def confusion_figure(normalised, class_names, result):
 
 
 def errors_size(shown: int):
-    columns = min(ERROR_COLUMNS, max(shown, 1))
-    return columns * ERROR_CELL[0], ERROR_TITLE_PX + math.ceil(max(shown, 1) / columns) * ERROR_CELL[1]
+    return grid_size(shown, ERROR_COLUMNS, ERROR_CELL, ERROR_TITLE_PX)[2:]
 
 
 def errors_figure(errors, total_errors: int):
-    width, height = errors_size(len(errors))
-    columns = min(ERROR_COLUMNS, max(len(errors), 1))
-    rows = math.ceil(max(len(errors), 1) / columns)
-    fig = new_figure(width, height)
-    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1.0 - ERROR_TITLE_PX / height, wspace=0.1,
-                        hspace=0.45)
-    axes = [ax for row in fig.subplots(rows, columns, squeeze=False) for ax in row]
-    fig.suptitle(f"most confidently misclassified: {len(errors)} of {total_errors} errors", fontsize=10)
+    fig, axes = grid_figure(len(errors), ERROR_COLUMNS, ERROR_CELL, ERROR_TITLE_PX,
+                            f"most confidently misclassified: {len(errors)} of {total_errors} errors", 0.1, 0.45)
     for ax, e in zip(axes, errors):
         image = load_rgb(e["path"]) if e["path"] else None
         show_image(ax, image, title=f"true {e['true']}\npred {e['pred']} ({e['confidence']:.2f})",

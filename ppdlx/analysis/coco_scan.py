@@ -28,7 +28,12 @@ def area_range(area: float, limits) -> str:
 
 
 class _DecodeProbe(CocoDetection):
-    """The detection dataset's own decode (``CocoDetection.__getitem__``); the transform returns the size."""
+    """The detection dataset's own decode (``CocoDetection.__getitem__``); the transform returns the size, so
+    the dataset's pre-processing settings are never used."""
+
+    def __init__(self, image_dir, index):
+        super().__init__(None, image_dir, index=index, image_size=1, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0),
+                         interpolation="bilinear")
 
     def transform(self, img, rec, rng):
         return img.size, rec["boxes"][:0], rec["labels"][:0], 1.0
@@ -92,7 +97,7 @@ def scan_coco_split(json_path: str, image_dir: str, name: str, backend: str, dec
         for label in {b[4] for b in boxes_of[rec["id"]]}:
             report.category_images[label] += 1
     if decode:
-        decode_split(report, backend, lambda: (_DecodeProbe(None, image_dir, index=index), report.paths))
+        decode_split(report, backend, lambda: (_DecodeProbe(image_dir, index), report.paths))
         for rec in index.records:
             decoded = report.sizes.get(rec["path"])
             expected = (int(rec["width"]), int(rec["height"]))

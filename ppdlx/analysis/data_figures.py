@@ -2,11 +2,10 @@
 images with their boxes drawn and named (detection)."""
 from __future__ import annotations
 
-import math
 import os
 
-from ppdlx.analysis.figures import (class_colour, draw_boxes, hide_unused, load_rgb, new_figure, save_png,
-                                    show_image)
+from ppdlx.analysis.figures import (class_colour, draw_boxes, grid_figure, grid_size, hide_unused, load_rgb,
+                                    new_figure, save_png, show_image)
 
 CELL_PX = 96          # one classification sample
 LABEL_PX = 120        # the class-name column
@@ -31,8 +30,7 @@ def classification_samples_size(rows: int, columns: int):
 
 
 def detection_samples_size(images: int):
-    columns = min(BOX_COLUMNS, max(images, 1))
-    return columns * BOX_CELL_PX, TITLE_PX + math.ceil(max(images, 1) / columns) * BOX_CELL_PX
+    return grid_size(images, BOX_COLUMNS, (BOX_CELL_PX, BOX_CELL_PX), TITLE_PX)[2:]
 
 
 def write_data_samples(report, path: str, samples: int = 8) -> str:
@@ -69,15 +67,8 @@ def _classification_figure(split, per_class: int):
 def _detection_figure(split, count: int):
     bad = {p for p, _ in split.unreadable}
     chosen = [i for i, p in enumerate(split.paths) if p not in bad][:max(count, 1)]
-    width, height = detection_samples_size(len(chosen))
-    columns = min(BOX_COLUMNS, max(len(chosen), 1))
-    rows = math.ceil(max(len(chosen), 1) / columns)
-    fig = new_figure(width, height)
-    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1.0 - TITLE_PX / height, wspace=0.05,
-                        hspace=0.15)
-    axes = fig.subplots(rows, columns, squeeze=False)
-    fig.suptitle(f"{split.name}: {len(chosen)} images with their boxes ({split.source})", fontsize=10)
-    flat = [ax for row in axes for ax in row]
+    fig, flat = grid_figure(len(chosen), BOX_COLUMNS, (BOX_CELL_PX, BOX_CELL_PX), TITLE_PX,
+                            f"{split.name}: {len(chosen)} images with their boxes ({split.source})", 0.05, 0.15)
     for ax, i in zip(flat, chosen):
         boxes = split.image_boxes[i]
         plural = "" if len(boxes) == 1 else "es"

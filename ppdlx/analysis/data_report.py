@@ -3,9 +3,9 @@
 ``DataReport.problems`` are the reasons training cannot run on the data (it would stop, or learn nothing of a
 class): a split that is missing or has no images, a training class without images, train/val classes that
 differ, ``model.num_classes`` that disagrees with the data, files the configured loader stops on, a split of
-which no image decodes. ``warnings`` are what training survives but a person should know: unreadable files
-the loader skips, val images identical to training images, a val class without images, invalid annotations
-left out, image sizes that differ from the json.
+which no image decodes, a val class folder without images. ``warnings`` are what training survives but a person
+should know: unreadable files the loader skips, val images identical to training images, a val category without
+boxes, invalid annotations left out, image sizes that differ from the json.
 """
 from __future__ import annotations
 
@@ -18,20 +18,14 @@ from ppdlx.analysis.coco_scan import scan_coco_split
 from ppdlx.analysis.data_scan import SplitReport, cross_split_duplicates, scan_image_folder_split
 from ppdlx.analysis.data_text import as_dict, markdown, split_line, summary_text
 from ppdlx.analysis.tables import write_text
+from ppdlx.data.image_folder import describe_classes_without_images, quoted
 from ppdlx.errors import DataError
 
 log = logging.getLogger("ppdlx.analysis")
-SHOWN = 5  # names listed in a one-line message before "..."
 
 
 def _count(n: int, noun: str, plural: str = "") -> str:
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
-
-
-def _names(items) -> str:
-    items = list(items)
-    more = f" and {len(items) - SHOWN} more" if len(items) > SHOWN else ""
-    return ", ".join(repr(i) for i in items[:SHOWN]) + more
 
 
 @dataclass
@@ -142,9 +136,13 @@ def _judge(report: DataReport, cfg) -> None:
             continue
         empty = [c for c, n in zip(split.classes, split.class_counts) if n == 0]
         if empty:
-            where = report.problems if split is train else report.warnings
-            where.append(f"{split.source}: {_count(len(empty), kind, plural)} without {has} "
-                         f"({_names(empty)})")
+            # Training would learn nothing of such a class. A val class folder without images is a stop too: its
+            # accuracy would leave the class out unnoticed (often the folder holds files of another extension).
+            # COCO evaluation already scores a category without val boxes as absent (-1), so that one warns.
+            detection = report.task == "detection"
+            names = quoted(empty) if detection else describe_classes_without_images(split.source, empty)
+            where = report.warnings if detection and split is val else report.problems
+            where.append(f"{split.source}: {_count(len(empty), kind, plural)} without {has} ({names})")
         _judge_files(report, split, cfg)
     if train.classes and val.classes and not train.error and not val.error:
         if report.task == "detection" and train.cat_ids != val.cat_ids:
@@ -154,7 +152,7 @@ def _judge(report: DataReport, cfg) -> None:
             only_train = [c for c in train.classes if c not in val.classes]
             only_val = [c for c in val.classes if c not in train.classes]
             report.problems.append(f"{kind} names differ between {train.source} and {val.source}: only in train "
-                                   f"[{_names(only_train)}], only in val [{_names(only_val)}]")
+                                   f"[{quoted(only_train)}], only in val [{quoted(only_val)}]")
     if train.classes and not train.error and cfg.model.num_classes != len(train.classes):
         report.problems.append(f"model.num_classes={cfg.model.num_classes} but {train.source} has "
                                f"{len(train.classes)} {plural}; set model.num_classes={len(train.classes)}")
@@ -183,7 +181,8 @@ def _judge_files(report: DataReport, split: SplitReport, cfg) -> None:
     if split.invalid:
         ann_id, image_id, _, reason = split.invalid[0]
         entries = _count(len(split.invalid), "invalid annotation/image", "invalid annotations/images")
-        msg = f"{split.source}: {entries} (first: annotation id {ann_id}, image id {image_id}: {reason})"
+        first = f"annotation id {ann_id}, image id {image_id}" if ann_id is not None else f"image id {image_id}"
+        msg = f"{split.source}: {entries} (first: {first}: {reason})"
         if cfg.data.coco.invalid == "error":
             report.problems.append(msg + "; data.coco.invalid=error stops on them")
         else:

@@ -6,6 +6,7 @@ given in pixels and saved at ``DPI`` without tight cropping, so a PNG has exactl
 """
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -35,6 +36,25 @@ def new_figure(width_px: int, height_px: int):
     fig = Figure(figsize=(width_px / DPI, height_px / DPI), dpi=DPI)
     FigureCanvasAgg(fig)
     return fig
+
+
+def grid_size(cells: int, max_columns: int, cell_px, title_px: int):
+    """``(columns, rows, width, height)`` of a grid of ``cells`` (at least one) ``cell_px = (w, h)`` cells,
+    at most ``max_columns`` a row, under a ``title_px`` title band."""
+    columns = min(max_columns, max(cells, 1))
+    rows = math.ceil(max(cells, 1) / columns)
+    return columns, rows, columns * cell_px[0], title_px + rows * cell_px[1]
+
+
+def grid_figure(cells: int, max_columns: int, cell_px, title_px: int, title: str, wspace: float, hspace: float):
+    """``(figure, axes in reading order)`` of a :func:`grid_size` grid of image cells titled ``title``."""
+    columns, rows, width, height = grid_size(cells, max_columns, cell_px, title_px)
+    fig = new_figure(width, height)
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1.0 - title_px / height, wspace=wspace,
+                        hspace=hspace)
+    axes = [ax for row in fig.subplots(rows, columns, squeeze=False) for ax in row]
+    fig.suptitle(title, fontsize=10)
+    return fig, axes
 
 
 def save_png(fig, path: str) -> str:

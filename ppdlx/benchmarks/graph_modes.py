@@ -112,7 +112,8 @@ def main(argv=None):
     from ppdlx.config import flatten_overrides, load_config
     from ppdlx.errors import PpdlxError
     try:
-        cfg = load_config(args.config, flatten_overrides(args.override))
+        from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+        cfg = resolve_preprocessing(load_config(args.config, flatten_overrides(args.override)))
         rows = graph_mode_rows(cfg, args.steps, args.warmup, args.repeats,
                                tuple(c.strip() for c in args.cases.split(",") if c.strip()))
     except PpdlxError as err:

@@ -132,12 +132,13 @@ def _measure(loader, steps: int, warmup: int, epoch: int):
 def _loader_cases(args):
     from ppdlx.config import flatten_overrides, load_config
     from ppdlx.data.loader import build_classification_loader
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
     counts = write_jpeg_tree(args.data, args.unique, args.images, args.classes)
     overrides = list(flatten_overrides(args.override)) + [
         f"data.root={args.data}", f"model.num_classes={args.classes}", f"data.batch_size={args.batch_size}",
         f"data.workers={args.workers}", f"data.dali.num_threads={args.workers}", "data.dali.device=cpu",
         "global.device=cpu"]
-    cfg = load_config(args.config, overrides)
+    cfg = resolve_preprocessing(load_config(args.config, overrides))
     backends = ["dali", "paddle"] if args.backend == "both" else [args.backend]
     splits = ["train", "val"] if args.split == "both" else [args.split]
     loaders = {}
@@ -262,8 +263,9 @@ class _TimedLoader:
 
 def _run_e2e(args, notes):
     from ppdlx.config import load_config
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
     from ppdlx.engine.run import build_training
-    cfg = load_config(args.e2e_config)
+    cfg = resolve_preprocessing(load_config(args.e2e_config))
     if not os.path.isdir(os.path.join(cfg.data.root, cfg.data.train_split)):
         from ppdlx.data.demo import prepare
         prepare("digits", cfg.data.root, cfg.data.transforms.crop_size)

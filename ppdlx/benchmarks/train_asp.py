@@ -98,7 +98,8 @@ def asp_overhead(cfg, steps: int = 20, warmup: int = 2) -> list:
 
 def run(args) -> dict:
     from ppdlx.config import flatten_overrides, load_config
-    cfg = load_config(args.config, flatten_overrides(args.override))
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    cfg = resolve_preprocessing(load_config(args.config, flatten_overrides(args.override)))
     rows = asp_overhead(cfg, args.steps, args.warmup)
     asp = rows[1]
     notes = [f"ASP step overhead vs dense: {asp['overhead_pct']:+.2f}% (median of {asp['steps']} paired ABBA step "

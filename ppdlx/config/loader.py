@@ -17,12 +17,44 @@ BASE_KEY = "_BASE_"
 Sources = Dict[Tuple[str, ...], str]
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key, first_line: int, second_line: int):
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.first_line, self.second_line = key, first_line, second_line
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping holding the same key twice (PyYAML keeps the last one silently,
+    so a second ``train:`` section would drop the first). Keys brought in by a ``<<`` merge may be overridden,
+    as YAML intends."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_mark = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = first_mark.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: the base constructor reports it
+                    continue
+                if first is not key_node.start_mark:
+                    raise _DuplicateKey(key, first.line + 1, key_node.start_mark.line + 1)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: str) -> dict:
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: config file not found")
     try:
         with open(path, "r", encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            data = yaml.load(f, Loader=UniqueKeyLoader)
+    except _DuplicateKey as err:
+        lines = f"lines {err.first_line} and {err.second_line}" if err.first_line != err.second_line else \
+            f"line {err.first_line}"
+        raise ConfigError(f"{path}: key {err.key!r} is given twice in the same mapping ({lines}); YAML keeps only "
+                          f"the last, so the first would be ignored silently: merge the two") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

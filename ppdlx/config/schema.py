@@ -54,9 +54,10 @@ class GlobalConfig(Section):
     # CPU threads for paddle's math library; null = the usable cores divided by the processes of
     # the job on this machine (paddle's own default is 1 thread). The resolved number is saved.
     cpu_threads: Optional[int] = Field(None, ge=1)
-    # MKL_DEBUG_CPU_TYPE for MKL's vendor check (5 = AVX2 paths on AMD CPUs: ~2x faster training
-    # here, outputs unchanged); applied by the tools before paddle loads; null = leave the env alone.
-    mkl_debug_cpu_type: Optional[int] = 5
+    # MKL_DEBUG_CPU_TYPE for MKL's vendor check, applied by the tools before paddle loads. auto = 5
+    # (MKL's AVX2 paths) only on a non-Intel CPU with avx2, detected at run time (ppdlx/cpu_features.py),
+    # else unset; a number = that value on every CPU; null = leave the environment alone.
+    mkl_debug_cpu_type: Union[int, Literal["auto"], None] = "auto"
     # CPU dynamic-graph training (classification, detection) in NHWC with ppdlx's oneDNN ops and
     # stride-1 1x1 convs as matmuls (ppdlx/engine/cpu_kernels.py; sets model.data_format=NHWC). auto = on
     # where it applies and the oneDNN op builds (needs onednn-devel's headers), else one log line;
@@ -77,14 +78,17 @@ class ModelConfig(Section):
 
 
 class TransformsConfig(Section):
-    crop_size: int = Field(224, ge=8)
-    resize_short: int = Field(256, ge=8)
+    # null = the model's default_cfg (input size, crop_pct, mean/std in 0..255, interpolation), filled in by
+    # ppdlx.engine.preprocess_cfg before data or export reads them; a value given here wins.
+    crop_size: Optional[int] = Field(None, ge=8)
+    # null = floor(crop_size / crop_pct), crop_pct from this section or else from the model's default_cfg
+    resize_short: Optional[int] = Field(None, ge=8)
     scale: Tuple[float, float] = (0.08, 1.0)
     ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
     hflip: float = Field(0.5, ge=0.0, le=1.0)
-    mean: List[float] = Field(default_factory=lambda: [123.675, 116.28, 103.53])
-    std: List[float] = Field(default_factory=lambda: [58.395, 57.12, 57.375])
-    interpolation: Literal["bilinear", "bicubic"] = "bilinear"
+    mean: Optional[List[float]] = None
+    std: Optional[List[float]] = None
+    interpolation: Optional[Literal["bilinear", "bicubic"]] = None
     # Off for tests that need identical batches across graph modes.
     random: bool = True
     # timm-style training extras (ppdlx.data.augment; paddle.io path): RandAugment policy, e.g.
@@ -104,7 +108,7 @@ class TransformsConfig(Section):
 
     @model_validator(mode="after")
     def _resize_from_crop_pct(self):
-        if self.crop_pct is not None:
+        if self.crop_pct is not None and self.crop_size is not None:
             self.__dict__["resize_short"] = int(math.floor(self.crop_size / self.crop_pct + 1e-6))
         return self
 
@@ -127,8 +131,9 @@ class CocoConfig(Section):
     val_json: str = "annotations/instances_val2017.json"
     train_images: str = "train2017"
     val_images: str = "val2017"
-    # square network input: training crops/pads to it, eval resizes the longer side to it and pads
-    image_size: int = Field(512, ge=32)
+    # square network input: training crops/pads to it, eval resizes the longer side to it and pads;
+    # null = the model's default_cfg input size (filled in as data.transforms' nulls are)
+    image_size: Optional[int] = Field(None, ge=32)
     # training scale jitter: the image is resized to fit image_size * U(lo, hi), then cropped/padded
     scale_range: Tuple[float, float] = (0.1, 2.0)
     max_instances: int = Field(100, ge=1)
@@ -160,7 +165,7 @@ class DataConfig(Section):
 class TrainConfig(Section):
     epochs: int = Field(90, ge=1)
     graph: Literal["dynamic", "static", "to_static"] = "dynamic"
-    resume: Optional[str] = None  # "auto" or a checkpoint prefix
+    resume: Optional[str] = None  # "auto", "never" (start over, replacing checkpoints) or a checkpoint path
     accumulate: int = Field(1, ge=1)
     mixup_alpha: float = Field(0.0, ge=0.0)
     # Stop with an error after this many consecutive non-finite losses.

@@ -15,13 +15,13 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+from ppdlx.config.preprocess import require_detection_resolved
 from ppdlx.data.coco_geometry import eval_size, pad_targets, train_window, transform_boxes
 from ppdlx.data.coco_index import CocoIndex, IndexedByCoco, coco_paths
 from ppdlx.data.image_folder import sample_rng
 from ppdlx.data.loader_common import PaddleIOLoader
+from ppdlx.data.transforms import PIL_INTERPOLATION
 from ppdlx.registry import DATASETS
-
-_INTERP = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
 
 @DATASETS.register("coco")
@@ -29,10 +29,9 @@ class CocoDetection(IndexedByCoco):
     """Map-style dataset; ``dataset[i]`` -> ``(image, gt_boxes, gt_classes, image_id, image_scale, i)``
     (image None when the file cannot be decoded: the loader reports and drops it)."""
 
-    def __init__(self, json_path, image_dir, image_size=512, training=False, mean=(123.675, 116.28, 103.53),
-                 std=(58.395, 57.12, 57.375), hflip=0.5, scale_range=(0.1, 2.0), max_instances=100,
-                 skip_crowd=True, invalid="skip", random=True, interpolation="bilinear", data_format="NCHW",
-                 seed=0, cat_ids=None, index: CocoIndex | None = None):
+    def __init__(self, json_path, image_dir, *, image_size, mean, std, interpolation, training=False, hflip=0.5,
+                 scale_range=(0.1, 2.0), max_instances=100, skip_crowd=True, invalid="skip", random=True,
+                 data_format="NCHW", seed=0, cat_ids=None, index: CocoIndex | None = None):
         self.index = index or CocoIndex(json_path, image_dir, invalid, cat_ids)
         self.size = int(image_size)
         self.training, self.random = training, random
@@ -40,7 +39,7 @@ class CocoDetection(IndexedByCoco):
         self.std = np.asarray(std, np.float32)
         self.hflip, self.scale_range = hflip, tuple(scale_range)
         self.max_instances, self.skip_crowd = max_instances, skip_crowd
-        self.interp = _INTERP[interpolation]
+        self.interp = PIL_INTERPOLATION[interpolation]
         self.data_format = data_format
         self.seed, self.epoch = seed, 0
 
@@ -112,6 +111,7 @@ class CocoLoader(PaddleIOLoader):
 
     def __init__(self, dataset: CocoDetection, batch_sampler, workers: int):
         super().__init__(dataset, batch_sampler, workers, _collate)
+        self.source = dataset.index.json_path
 
     def path_of(self, index: int) -> str:
         return self.dataset.records[index]["path"]
@@ -135,6 +135,7 @@ class CocoLoader(PaddleIOLoader):
 
 def build_coco_dataset(cfg, split: str, cat_ids=None) -> CocoDetection:
     c, t = cfg.data.coco, cfg.data.transforms
+    require_detection_resolved(cfg)
     json_path, image_dir = coco_paths(cfg, split)
     return CocoDetection(json_path, image_dir, image_size=c.image_size, training=split == "train", mean=t.mean,
                          std=t.std, hflip=t.hflip, scale_range=c.scale_range, max_instances=c.max_instances,

@@ -1,9 +1,14 @@
 """COCO-json annotations, read with the pycocotools COCO API and validated once, up front.
 
 An annotation with a zero/negative-size or malformed box, a box outside the image (by more than
-1 px; up to 1 px is clipped) or an unknown category id, and an image whose file is missing, is
-reported with the json file, annotation id and image (``data.coco.invalid: skip``: logged and
-left out; ``error``: ``DataError``). Category ids map to contiguous 0-based class indices in
+1 px; up to 1 px is clipped) or an unknown category id, an image whose file is missing, and an
+image whose ``width``/``height`` disagree with its file, is reported with the json file,
+annotation id and image (``data.coco.invalid: skip``: logged and left out; ``error``:
+``DataError``). Each image's size is read from its file header (PIL opens lazily: the header
+only), once: boxes are checked against the real image, and an image the json gives no size
+fills it in from the file. A json size that disagrees (swapped, or another image's) means the
+boxes were drawn for some other picture, so that image is not trained on (PaddleDetection's
+reader clips boxes to the json size and its decoder then warns per sample, every epoch). Category ids map to contiguous 0-based class indices in
 ascending id order (``cat_ids[label]`` maps back). Both loaders (paddle.io and DALI) read a
 split through one ``CocoIndex``.
 """
@@ -16,7 +21,9 @@ import math
 import os
 
 import numpy as np
+from PIL import Image
 
+from ppdlx.data.image_folder import quoted
 from ppdlx.errors import DataError
 
 log = logging.getLogger("ppdlx.data")
@@ -65,6 +72,37 @@ def _check_box(bbox, width, height):
     return None
 
 
+def _positive_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def header_size(path: str):
+    """``(width, height)`` from the image file's header (PIL decodes no pixels for it), None if unreadable."""
+    try:
+        with Image.open(path) as img:
+            return img.size
+    except (OSError, ValueError, SyntaxError):
+        return None  # the loaders report an undecodable file by name when they reach it
+
+
+def _checked_size(info: dict, path: str):
+    """``(width, height)`` of an image: the json's when it has them (checked against the file header), else the
+    file's; a str saying what is wrong when the two disagree or neither is known."""
+    json_w, json_h = info.get("width"), info.get("height")
+    file_size = header_size(path)
+    if not (_positive_number(json_w) and _positive_number(json_h)):
+        if file_size is None:
+            return (f"no valid width/height in the json ({json_w!r} x {json_h!r}) and the file's header cannot "
+                    f"be read")
+        return float(file_size[0]), float(file_size[1])
+    if file_size is not None and (round(json_w), round(json_h)) != tuple(file_size):
+        swapped = (round(json_h), round(json_w)) == tuple(file_size)
+        return (f"the json says {json_w}x{json_h} but the file is {file_size[0]}x{file_size[1]}"
+                f"{' (width and height swapped: an EXIF-rotated photo?)' if swapped else ''}, so its boxes do not "
+                f"fit the picture: correct width/height (and the boxes) for this image in the json")
+    return float(json_w), float(json_h)
+
+
 class CocoIndex:
     """The validated content of one COCO json: images (with files), boxes, labels, categories."""
 
@@ -78,12 +116,16 @@ class CocoIndex:
         self.class_names = [str(c.get("name", c["id"])) for c in cats]
         self.categories = cats
         if cat_ids is not None and list(cat_ids) != self.cat_ids:
-            raise DataError(f"{json_path}: category ids {self.cat_ids[:10]} differ from the training split's "
-                            f"{list(cat_ids)[:10]}; both splits must list the same categories")
+            missing = [c for c in cat_ids if c not in self.cat_ids]
+            extra = [c for c in self.cat_ids if c not in cat_ids]
+            diff = "; ".join(f"{what} {quoted(ids)}" for what, ids in (("missing", missing), ("extra", extra)) if ids)
+            raise DataError(f"{json_path}: category ids differ from the training split's ({diff}); both splits must "
+                            f"list the same categories")
         label_of = {cid: i for i, cid in enumerate(self.cat_ids)}
         self.invalid: list = []  # (json, annotation id or None, image id, file name, reason)
         self.records = []        # dicts: id, file, path, width, height, boxes xyxy, labels, crowd, ann_ids
         kept_anns = []
+        sized_from_file = 0
         for image_id in sorted(coco.imgs):
             info = coco.imgs[image_id]
             name = info.get("file_name", "")
@@ -91,7 +133,13 @@ class CocoIndex:
             if not name or not os.path.isfile(path):
                 self._report(invalid, None, image_id, name, f"image file {path} not found")
                 continue
-            width, height = float(info.get("width", 0)), float(info.get("height", 0))
+            size = _checked_size(info, path)
+            if isinstance(size, str):
+                self._report(invalid, None, image_id, name, size)
+                continue
+            width, height = size
+            if not _positive_number(info.get("width")) or not _positive_number(info.get("height")):
+                sized_from_file += 1
             boxes, labels, crowd, ann_ids = [], [], [], []
             for ann in coco.imgToAnns.get(image_id, []):
                 cid = ann.get("category_id")
@@ -118,12 +166,15 @@ class CocoIndex:
         if len(self.invalid) > MAX_REPORTED:
             log.warning("%s: %d invalid annotations/images skipped in total (first %d listed above)",
                         json_path, len(self.invalid), MAX_REPORTED)
+        if sized_from_file:
+            log.warning("%s: %d image(s) without a width/height in the json: their sizes were read from the image "
+                        "files", json_path, sized_from_file)
         if not self.records:
             raise DataError(f"{json_path}: no usable images (image files under {image_dir})")
-        kept_ids = {r["id"] for r in self.records}
         self.gt_dataset = {
             "info": coco.dataset.get("info", {}), "categories": cats,
-            "images": [coco.imgs[i] for i in sorted(kept_ids)],
+            "images": [dict(coco.imgs[r["id"]], width=int(r["width"]), height=int(r["height"]))
+                       for r in self.records],
             "annotations": kept_anns,
         }
         self._coco_gt = None

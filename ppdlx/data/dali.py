@@ -24,14 +24,16 @@ sharding (the file order of every epoch comes from ``TrainBatchSampler`` /
   ``dali_handover.to_paddle`` (zero-copy DLPack, on paddle's current stream for GPU
   buffers); everything after it (label reshape, trimming the padded last val batch) is
   the same code on CPU and GPU.
-* Corrupt / unreadable files: DALI stops the pipeline with an error that does not name
-  the file.  The loader then decodes the batches that were in flight one file at a time
-  (a synchronous CPU pipeline) to find the culprit(s) and, with
+* Corrupt / unreadable files: DALI stops the pipeline, and the batch it stops at need not
+  hold the file (its reader reads ahead).  The loader then tries the files of the batches
+  in flight one at a time (``find_undecodable``: the bytes read here, an empty file named
+  as such, the rest through a synchronous CPU decoder) and, with
   ``data.dali.corrupt_files: skip`` (default, as the paddle.io path), logs one warning
   per file, leaves it out for the rest of the run and rebuilds the pipeline from the
   same position (training batches stay full and ``len(loader)`` stays exact, so ranks
   stay in step).  With ``error`` it raises ``DataError`` naming the file.  If no single
-  file fails on its own, ``DataError`` carries DALI's message.  Nothing hangs.
+  file fails on its own, ``DataError`` carries DALI's message; if no file of this rank's
+  pass is readable, ``DataError`` says so.  Nothing hangs.
 """
 from __future__ import annotations
 
@@ -42,11 +44,12 @@ import nvidia.dali as dali
 import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
 import nvidia.dali.types as types
+import numpy as np
 import paddle
 
 from ppdlx.data.dali_handover import check_device, dali_device_id, to_paddle
-from ppdlx.data.image_folder import scan_image_folder
-from ppdlx.data.loader_common import report_unreadable, split_batch_sampler
+from ppdlx.data.image_folder import check_same_classes, require_images_in_every_class, scan_image_folder
+from ppdlx.data.loader_common import nothing_readable, report_unreadable, split_batch_sampler
 from ppdlx.errors import DataError, UnsupportedError
 
 _INTERP = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
@@ -94,43 +97,60 @@ def _run_pipeline_def(graph_fn, **pipe_kwargs):
 
 
 def find_undecodable(paths):
-    """``[(path, reason)]`` of the files a CPU DALI decoder rejects, tried one at a time."""
-    bad, start = [], 0
+    """``[(path, reason)]`` of the files DALI's CPU decoder cannot read, each tried on its own.
 
-    def graph(files):
-        jpegs, _ = fn.readers.file(files=files, random_shuffle=False, name="Reader")
-        return fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+    The bytes are read here and fed through ``external_source``, not through ``fn.readers.file``: that reader
+    reads one sample ahead of the one it hands out (its loader keeps a one-sample buffer when not shuffling,
+    DALI ``dali/operators/reader/loader/loader.h`` ``ReadOne``), so a file it cannot map (an empty file, a
+    vanished one) fails the run of the sample before it, and the position of the failing run names the wrong
+    file. Here each run holds exactly the file being tried.
+    """
+    bad, pipe = [], None
 
-    while start < len(paths):
-        rest = list(paths[start:])
+    def graph():
+        encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
+        return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
+
+    for path in paths:
         try:
-            pipe = _run_pipeline_def(graph, files=rest, batch_size=1, num_threads=1, device_id=None,
-                                     prefetch_queue_depth=1, exec_pipelined=False, exec_async=False)
-            pipe.build()
-        except RuntimeError as err:  # e.g. a file vanished: the reader checks at build time
-            missing = [p for p in rest if not os.path.isfile(p)]
-            if not missing:
-                raise DataError(f"DALI could not open {rest[0]}...: {_first_line(err)}") from None
-            bad += [(p, "file not found") for p in missing]
-            paths = [p for p in rest if p not in missing]
-            start = 0
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as err:
+            bad.append((path, err.strerror or type(err).__name__))
             continue
-        done = 0
+        if not data:
+            bad.append((path, "empty file: 0 bytes"))
+            continue
+        if pipe is None:
+            pipe = _run_pipeline_def(graph, batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1,
+                                     exec_pipelined=False, exec_async=False)
+            pipe.build()
+        pipe.feed_input("encoded", [np.frombuffer(data, np.uint8)])
         try:
-            for _ in range(len(rest)):
-                pipe.run()
-                done += 1
+            pipe.run()
         except RuntimeError as err:
-            bad.append((rest[done], _first_line(err, "DALI cannot decode it")))
-        del pipe
-        start += done + 1
+            detail = _first_line(err)
+            bad.append((path, "DALI's decoder rejects it" + (f" ({detail})" if detail else "")))
+            pipe = None  # DALI invalidates a pipeline after an error
     return bad
 
 
+# What DALI wraps around the reason of an operator's error: the pipeline/operator header, the Python
+# traceback of the graph definition, the C++ source location, the trailer, and the batch position of a sample
+# (always #0 when files are tried one at a time).
+_DALI_WRAPPING = ("critical error in pipeline", "error in cpu operator", "error in gpu operator",
+                  "error in mixed operator", "which was used in the pipeline", "c++ context",
+                  "current pipeline object is no longer valid", "unknown error", "failed to decode sample #")
+
+
 def _first_line(err, default=""):
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    useful = [ln for ln in lines if "failure" in ln.lower() or "error:" in ln.lower() or "invalid" in ln.lower()]
-    return (useful or lines or [default])[0][:200]
+    """The line of a DALI error that says what went wrong (e.g. ``File mapping failed: <path>``)."""
+    text = str(err)
+    if "encountered:" in text:
+        text = text.rsplit("encountered:", 1)[1]
+    lines = [ln.strip().rstrip(":").strip() for ln in text.splitlines()]
+    useful = [ln for ln in lines if ln and not ln.lower().startswith(_DALI_WRAPPING)]
+    return (useful or [default])[0][:200]
 
 
 class DaliLoader:
@@ -155,8 +175,10 @@ class DaliLoader:
                     raise UnsupportedError(f"data.transforms.{key}={getattr(self.transforms, key)!r} is applied by the "
                                            f"paddle.io path only; set data.backend=paddle or turn it off")
         found, samples = scan_image_folder(self.split_dir)
-        if classes is not None and list(classes) != found:
-            raise DataError(f"{self.split_dir}: class folders {found[:5]}... differ from the training split's")
+        if classes is not None:
+            check_same_classes(self.split_dir, found, classes, "the training split's")
+        if not self.training:
+            require_images_in_every_class(self.split_dir, found, samples)
         self.classes = found
         self.files = [path for path, _ in samples]
         self.labels = [label for _, label in samples]
@@ -193,7 +215,7 @@ class DaliLoader:
         need = len(self) * self.batch_size
         pool = [i for i in order if i not in self._bad]
         if not pool:
-            raise DataError(f"{self.split_dir}: every image of this rank's share is unreadable")
+            raise nothing_readable(self.split_dir, len(self._bad), self.skipped_files[0])
         out = list(order)
         while len(out) < need:
             out += pool[: need - len(out)]
@@ -262,13 +284,16 @@ class DaliLoader:
                             f"{_first_line(err, type(err).__name__)}") from None
         if self.dali_cfg.corrupt_files == "error":
             path, reason = bad[0]
-            raise DataError(f"{path}: DALI cannot decode this image ({reason}); delete or replace it, or set "
-                            f"data.dali.corrupt_files=skip to leave such files out") from None
+            raise DataError(f"{path}: {reason}; the data.backend=dali loader cannot read it: delete or replace it, "
+                            f"or set data.dali.corrupt_files=skip to leave such files out") from None
         index_of = {self.files[i]: i for i in candidates}
         for path, reason in bad:
             self._bad.add(index_of[path])
             report_unreadable(self.skipped_files, path, reason)
-        return self._top_up(order[:position] + [i for i in order[position:] if i not in self._bad])
+        kept = order[:position] + [i for i in order[position:] if i not in self._bad]
+        if not kept:
+            raise nothing_readable(self.split_dir, len(set(order)), self.files[order[0]]) from None
+        return self._top_up(kept)
 
 
 def build_dali_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, classes=None):

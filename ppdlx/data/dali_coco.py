@@ -44,6 +44,7 @@ import nvidia.dali.types as types
 import numpy as np
 import paddle
 
+from ppdlx.config.preprocess import require_detection_resolved
 from ppdlx.data.coco_geometry import pad_targets, transform_boxes
 from ppdlx.data.coco_index import CocoIndex, IndexedByCoco, coco_paths
 from ppdlx.data.dali_handover import check_device, dali_device_id, to_paddle
@@ -112,6 +113,7 @@ class DaliCocoLoader(IndexedByCoco):
     """Detection batches from a DALI pipeline, one epoch per ``iter()``; same interface as ``CocoLoader``."""
 
     def __init__(self, cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None):
+        require_detection_resolved(cfg)
         data = cfg.data
         self.dali_cfg, self.transforms, self.coco_cfg = data.dali, data.transforms, data.coco
         check_device(self.dali_cfg.device)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
-from ppdlx.data.image_folder import ImageFolder
+from ppdlx.config.preprocess import CLASSIFICATION_KEYS, require_resolved
+from ppdlx.data.image_folder import ImageFolder, require_images_in_every_class
 from ppdlx.data.loader_common import PaddleIOLoader, dali_required, split_batch_sampler
 from ppdlx.data.transforms import EvalTransform, TrainTransform
 
@@ -24,6 +25,7 @@ class ImageFolderLoader(PaddleIOLoader):
 
     def __init__(self, dataset: ImageFolder, batch_sampler, workers: int):
         super().__init__(dataset, batch_sampler, workers, _collate)
+        self.source = dataset.split_dir
 
     def path_of(self, index: int) -> str:
         return self.dataset.samples[index][0]
@@ -57,6 +59,8 @@ def build_classification_loader(cfg, split: str, rank: int = 0, world_size: int 
     """``split`` is "train" or "val"; returns a loader with ``set_epoch``, ``len`` and ``num_images``."""
     data, fmt = cfg.data, cfg.model.data_format
     batch_size = batch_size or data.batch_size
+    # synthetic batches are noise of the crop size: the other values are not needed
+    require_resolved(data.transforms, ("crop_size",) if data.backend == "synthetic" else CLASSIFICATION_KEYS)
     if data.backend == "synthetic":
         return SyntheticLoader(batch_size, data.synthetic.num_images, num_classes or cfg.model.num_classes,
                                data.transforms.crop_size, fmt, cfg.global_.seed + rank)
@@ -68,6 +72,8 @@ def build_classification_loader(cfg, split: str, rank: int = 0, world_size: int 
     transform = TrainTransform(data.transforms, fmt) if training else EvalTransform(data.transforms, fmt)
     dataset = ImageFolder(data.root, data.train_split if training else data.val_split, transform,
                           seed=cfg.global_.seed, classes=classes)
+    if not training:
+        require_images_in_every_class(dataset.split_dir, dataset.classes, dataset.samples)
     sampler = split_batch_sampler(training, len(dataset), batch_size, rank, world_size, cfg.global_.seed,
                                   shuffle=True, source=dataset.split_dir)
     return ImageFolderLoader(dataset, sampler, data.workers)

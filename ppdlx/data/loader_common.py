@@ -9,7 +9,7 @@ import numpy as np
 import paddle
 
 from ppdlx.data.samplers import EvalBatchSampler, TrainBatchSampler
-from ppdlx.errors import ConfigError
+from ppdlx.errors import ConfigError, DataError
 
 log = logging.getLogger("ppdlx.data")
 
@@ -23,6 +23,13 @@ def report_unreadable(skipped_files: list, path: str, reason: str | None = None)
         log.warning("skipping unreadable image %s (%s; %d skipped so far)", path, reason, len(skipped_files))
     else:
         log.warning("skipping unreadable image %s (%d skipped so far)", path, len(skipped_files))
+
+
+def nothing_readable(source: str, tried: int, first: str) -> DataError:
+    """The one line for a pass in which no image could be read: training on it would run 0 steps and save an
+    untrained model, evaluating it would score nothing."""
+    return DataError(f"{source}: none of the {tried} images this rank read can be decoded (first: {first}); "
+                     f"replace the files (tools/check_data.py lists every unreadable one) or fix data.root")
 
 
 @contextlib.contextmanager
@@ -67,8 +74,10 @@ class PaddleIOLoader:
     dropped as undecodable (-1 for the others; a fixed length, as paddle cannot pass empty arrays
     between workers) and a 1-D first array when every sample of the batch was dropped. The loader
     yields the arrays without that last one, reports each dropped image once (``path_of(index)``)
-    and skips empty batches.
+    and skips empty batches; a whole pass without one readable image is a ``DataError`` naming ``source``.
     """
+
+    source = ""  # the split directory or annotation file, for messages
 
     def __init__(self, dataset, batch_sampler, workers: int, collate_fn):
         self.dataset = dataset
@@ -95,14 +104,19 @@ class PaddleIOLoader:
 
     def __iter__(self):
         it = iter(self._loader)
+        yielded, dropped = 0, []
         try:
             for *arrays, skipped in it:
                 for index in np.asarray(skipped).reshape(-1).tolist():
                     if index >= 0:
-                        report_unreadable(self.skipped_files, self.path_of(index))
+                        dropped.append(self.path_of(index))
+                        report_unreadable(self.skipped_files, dropped[-1])
                 if arrays[0].ndim == 1:
                     continue
+                yielded += 1
                 yield tuple(arrays)
+            if not yielded and dropped:
+                raise nothing_readable(self.source, len(dropped), dropped[0])
         finally:
             # A consumer that stops early (steps_per_epoch, precise BN) would otherwise leave the
             # worker processes of this pass alive until the iterator is garbage collected.

@@ -1,5 +1,8 @@
 """Classification transforms on PIL images, driven by an explicit numpy Generator.
 
+They read resolved ``data.transforms`` values (``ppdlx.engine.preprocess_cfg``: nulls are the model's
+``default_cfg``) and refuse a null one.
+
 Randomness comes from the caller's generator (seeded per sample from
 (seed, epoch, index)), so a sample's augmentation does not depend on worker
 count or on whether the run was resumed: this is what makes kill-and-resume
@@ -12,9 +15,10 @@ import math
 import numpy as np
 from PIL import Image
 
+from ppdlx.config.preprocess import CLASSIFICATION_KEYS, require_resolved
 from ppdlx.data.augment import build_rand_augment, random_erasing
 
-_INTERP = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
+PIL_INTERPOLATION = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
 
 def random_resized_crop_box(width, height, scale, ratio, rng, attempts=10):
@@ -45,7 +49,7 @@ def resize_shorter(img: Image.Image, size: int, interpolation: str) -> Image.Ima
         new_w, new_h = size, max(1, int(round(h * size / w)))
     else:
         new_w, new_h = max(1, int(round(w * size / h))), size
-    return img.resize((new_w, new_h), _INTERP[interpolation])
+    return img.resize((new_w, new_h), PIL_INTERPOLATION[interpolation])
 
 
 def center_crop(img: Image.Image, size: int) -> Image.Image:
@@ -68,6 +72,7 @@ class TrainTransform:
     """
 
     def __init__(self, cfg, data_format="NCHW"):
+        require_resolved(cfg, CLASSIFICATION_KEYS)
         self.cfg, self.data_format = cfg, data_format
         self.randaugment = build_rand_augment(cfg)
 
@@ -75,7 +80,7 @@ class TrainTransform:
         c = self.cfg
         if c.random:
             left, top, w, h = random_resized_crop_box(img.width, img.height, c.scale, c.ratio, rng)
-            img = img.resize((c.crop_size, c.crop_size), _INTERP[c.interpolation],
+            img = img.resize((c.crop_size, c.crop_size), PIL_INTERPOLATION[c.interpolation],
                              box=(left, top, left + w, top + h))
             if rng.random() < c.hflip:
                 img = img.transpose(Image.FLIP_LEFT_RIGHT)
@@ -93,6 +98,7 @@ class EvalTransform:
     """Resize the shorter side -> centre crop -> normalise."""
 
     def __init__(self, cfg, data_format="NCHW"):
+        require_resolved(cfg, CLASSIFICATION_KEYS)
         self.cfg, self.data_format = cfg, data_format
 
     def __call__(self, img: Image.Image, rng=None) -> np.ndarray:

@@ -6,6 +6,7 @@
   evaluator, export spec;
 * ``trainer`` -- ``Trainer(step, hooks)``, the loop; ``hooks`` -- what runs around it;
 * ``step`` -- the step contract; ``dynamic_step`` and ``static`` -- the step strategies;
-* building blocks: ``amp``, ``ema``, ``checkpoint``, ``dist``, ``evaluator``, ``coco_eval``,
+* building blocks: ``amp``, ``ema``, ``checkpoint`` (on disk: ``checkpoint_unit``, ``checkpoint_files``),
+  ``run_dir`` (the output directory: lock, resume or start over), ``dist``, ``evaluator``, ``coco_eval``,
   ``objectives``, ``distill``, ``builders``, ``logger``, ``cpu_kernels``, ``detect_image``.
 """

@@ -1,30 +1,40 @@
-"""Checkpoints: ``<prefix>.pdparams`` (model), ``.pdopt`` (optimizer), ``.pdstates``
-(epoch, step, best metric, LR schedule, loss scaler, EMA, RNG, extra state).
+"""Checkpoints: saving a training's state, finding the one to resume, loading weights.
 
-Every file is written to a temporary name and renamed into place, ``.pdstates``
-last: an interrupted save never leaves a half-written file under a real name, and
-a prefix counts as complete only when its ``.pdstates`` exists.
+On disk (:mod:`ppdlx.engine.checkpoint_unit`) each save is one directory ``<output_dir>/epoch_N/`` holding
+``model.pdparams`` (model), ``optimizer.pdopt`` (optimizer), ``states.pdstates`` (epoch, step, best metric,
+LR schedule, loss scaler, EMA, RNG, hooks' state) and ``manifest.json`` (written last: sizes, sha256, epoch,
+model identity). It appears whole by one rename; ``latest`` and ``best`` are symlinks to such directories,
+each replaced by one rename. Readers verify the manifest; checkpoints of the earlier three-file layout
+(``<prefix>.pdparams`` / ``.pdopt`` / ``.pdstates``) are still read (:mod:`ppdlx.engine.checkpoint_files`).
+
+``train.resume=auto`` takes ``latest``; when it is missing or fails verification, the newest complete
+``epoch_N``/``best`` (by the epoch it records), with one log line saying which.
 
 ``load_weights`` is the one loader of ``model.weights`` (train, eval, export, distill, detect_image):
-a ppdlx prefix, or a foreign checkpoint (``SOURCE:FILE`` or a file whose layout ``ppdlx.weights``
+a ppdlx checkpoint, or a foreign checkpoint (``SOURCE:FILE`` or a file whose layout ``ppdlx.weights``
 recognises) imported in memory; ``model.reset_head`` decides what a classifier of another class count does.
 """
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import random
+import re
 
 import numpy as np
 import paddle
 
-from ppdlx.engine.checkpoint_files import (SUFFIXES, atomic_save, check_and_set, is_ppdlx_prefix, load_states,  # noqa: F401
-                                           read_pdparams, strip_suffix)
+from ppdlx.engine import checkpoint_unit as unit
+from ppdlx.engine.checkpoint_files import (  # noqa: F401  (atomic_save, load_states: re-exported for callers)
+    SUFFIXES, atomic_save, check_and_set, is_ppdlx_prefix, load_states, locate, not_found, read_checkpoint,
+    read_pdparams, serialize, strip_suffix)
+from ppdlx.engine.checkpoint_unit import CheckpointError
 from ppdlx.errors import ConfigError
 
 log = logging.getLogger("ppdlx")
 RESET_HEAD = ("auto", "true", "false")
+LATEST, BEST = "latest", "best"
+EPOCH_NAME = re.compile(r"epoch_(\d+)")
 
 
 def capture_rng() -> dict:
@@ -37,41 +47,189 @@ def restore_rng(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def save_checkpoint(prefix: str, model_state: dict, optimizer_state: dict | None, states: dict) -> None:
-    """``model_state`` values may be tensors or numpy arrays (saved as tensors either way)."""
+# ---------------------------------------------------------------------------------------------- saving
+def save_checkpoint(path: str, model_state: dict, optimizer_state: dict | None, states: dict,
+                    identity: dict | None = None, improved: bool = False) -> None:
+    """Write the unit ``path`` (a directory). ``model_state`` values may be tensors or numpy arrays (saved as
+    tensors either way); ``identity``: the model's registry ``name`` and ``num_classes`` for the manifest."""
     model_state = {k: paddle.to_tensor(v) if isinstance(v, np.ndarray) else v for k, v in model_state.items()}
-    atomic_save(model_state, prefix + ".pdparams")
+    files = {unit.MODEL: lambda: serialize(model_state)}
     if optimizer_state is not None:
-        atomic_save(optimizer_state, prefix + ".pdopt")
-    atomic_save(states, prefix + ".pdstates", plain_pickle=True)
+        files[unit.OPTIMIZER] = lambda: serialize(optimizer_state)
+    files[unit.STATES] = lambda: serialize(states, plain_pickle=True)
+    model = {**(identity or {}), "parameters": len(model_state), "digest": unit.model_digest(model_state)}
+    unit.write_unit(path, files, {"epoch": states.get("epoch"), "global_step": states.get("global_step"),
+                                  "improved": bool(improved), "model": model})
+
+
+def save_epoch(output_dir: str, epoch: int, model_state: dict, optimizer_state, states: dict, *,
+               identity: dict | None = None, improved: bool = False, keep=lambda epoch: True) -> None:
+    """The training's save: unit ``epoch_<epoch>``, then ``latest`` (and ``best`` when ``improved``) pointed at
+    it; a unit that lost its pointer and that ``keep(epoch)`` does not keep is removed. A write that fails
+    (disk full, directory gone read-only) is one line; the units and pointers already there stay as they were."""
+    name = f"epoch_{epoch}"
+    before = {p: unit.pointer_target(output_dir, p) for p in (LATEST, BEST)}
+    try:
+        save_checkpoint(os.path.join(output_dir, name), model_state, optimizer_state, states, identity, improved)
+        unit.point(output_dir, LATEST, name)
+        if improved:
+            unit.point(output_dir, BEST, name)
+        after = {p: unit.pointer_target(output_dir, p) for p in (LATEST, BEST)}
+        for old in set(before.values()) - set(after.values()) - {None}:
+            match = EPOCH_NAME.fullmatch(old)
+            if match and not keep(int(match.group(1))) and os.path.isdir(os.path.join(output_dir, old)):
+                unit.retire(os.path.join(output_dir, old))
+    except OSError as err:
+        now = unit.pointer_target(output_dir, LATEST)
+        kept = f"latest -> {now} is complete" if now else "no earlier checkpoint was touched"
+        raise CheckpointError(f"saving checkpoint {os.path.join(output_dir, name)} failed ({err.strerror or err}: "
+                              f"{err.filename}); {kept}. Free space or fix the directory, then continue with "
+                              f"train.resume=auto") from None
+
+
+# ---------------------------------------------------------------------------------------------- finding
+def checkpoint_names(output_dir: str) -> list:
+    """Checkpoint names present in ``output_dir`` (either layout, complete or not): latest, best, epoch_N."""
+    if not os.path.isdir(output_dir):
+        return []
+    names = set()
+    for entry in os.listdir(output_dir):
+        name = strip_suffix(entry) if entry.endswith(SUFFIXES) else entry
+        if name in (LATEST, BEST) or EPOCH_NAME.fullmatch(name):
+            names.add(name)
+    return sorted(names, key=lambda n: (n != LATEST, n != BEST, int(n[6:]) if n.startswith("epoch_") else 0))
+
+
+def recorded_epoch(path: str) -> int:
+    """The epoch a checkpoint records (its manifest's, else its ``.pdstates``'); CheckpointError if unreadable."""
+    kind, where = locate(path)
+    epoch = unit.read_manifest(where).get("epoch") if kind == "unit" else load_states(path).get("epoch")
+    if not isinstance(epoch, int):
+        raise CheckpointError(f"{where} records no epoch (not a training checkpoint)")
+    return epoch
+
+
+def verify(path: str) -> None:
+    """Raise CheckpointError unless ``path`` names a complete, intact training checkpoint."""
+    kind, where = locate(path)
+    if kind == "unit":
+        unit.verify_unit(where)
+    else:
+        read_checkpoint(path)
+    recorded_epoch(path)
+
+
+def newest_complete(output_dir: str, skip=()) -> tuple:
+    """``(path, epoch, problems)``: the newest checkpoint of ``output_dir`` that verifies (path None if none)
+    and why the others examined did not."""
+    candidates, problems = [], []
+    for name in checkpoint_names(output_dir):
+        if name in skip:
+            continue
+        path = os.path.join(output_dir, name)
+        try:
+            candidates.append((recorded_epoch(path), name != BEST, path))
+        except CheckpointError as err:
+            problems.append(str(err))
+    for epoch, _, path in sorted(candidates, reverse=True):
+        try:
+            verify(path)
+            return path, epoch, problems
+        except CheckpointError as err:
+            problems.append(str(err))
+    return None, None, problems
+
+
+def _refuse_converted(setting: str, path: str) -> None:
+    states = load_states(path)
+    if "weights_import" in states and "epoch" not in states:
+        origin = states["weights_import"]
+        raise ConfigError(f"train.resume={setting}: {path} holds weights converted from {origin.get('source')} "
+                          f"({origin.get('file')}), not a training checkpoint (no epoch, optimizer or RNG state); "
+                          f"start from them with -o model.weights={path} and no train.resume")
 
 
 def resolve_resume(resume: str, output_dir: str):
-    """``auto`` -> ``<output_dir>/latest`` if complete, else None; otherwise the given prefix. Converted
-    weights (``tools/convert_weights.py``: ``weights_import`` and no ``epoch``) are refused."""
-    if resume == "auto":
-        prefix = os.path.join(output_dir, "latest")
-        return prefix if os.path.isfile(prefix + ".pdstates") else None
-    prefix = strip_suffix(resume)
-    if not os.path.isfile(prefix + ".pdstates"):
-        raise ConfigError(f"train.resume={resume}: no complete checkpoint at {prefix}.pdstates "
-                          f"(use train.resume=auto or a prefix such as {output_dir}/latest)")
-    states = load_states(prefix + ".pdstates")
-    if isinstance(states, dict) and "weights_import" in states and "epoch" not in states:
-        origin = states["weights_import"]
-        raise ConfigError(f"train.resume={resume}: {prefix} holds weights converted from {origin.get('source')} "
-                          f"({origin.get('file')}), not a training checkpoint (no epoch, optimizer or RNG state); "
-                          f"start from them with -o model.weights={prefix} and no train.resume")
-    return prefix
+    """The checkpoint to resume from, verified. ``auto``: ``<output_dir>/latest``, else the newest complete
+    ``epoch_N``/``best`` (one log line), else None when the directory holds no checkpoint at all (refused when
+    it holds only broken ones). A path: that checkpoint (a suffix is dropped). Converted weights
+    (``tools/convert_weights.py``: ``weights_import`` and no ``epoch``) are refused."""
+    if resume != "auto":
+        kind, path = locate(resume)
+        if kind is None:
+            raise ConfigError(f"train.resume={resume}: no complete checkpoint there ({not_found(path)}); use "
+                              f"train.resume=auto or a checkpoint such as {output_dir}/latest")
+        try:
+            _refuse_converted(resume, path)
+            verify(path)
+        except CheckpointError as err:
+            raise CheckpointError(f"train.resume={resume}: {err}; resume from another checkpoint, e.g. "
+                                  f"train.resume=auto (the newest complete one in {output_dir})") from None
+        return path
+    latest = os.path.join(output_dir, LATEST)
+    if not checkpoint_names(output_dir):
+        return None
+    try:
+        verify(latest)
+        return latest
+    except CheckpointError as err:
+        reason = str(err) if locate(latest)[0] else f"{latest} is missing"
+    path, epoch, problems = newest_complete(output_dir, skip=(LATEST,))
+    if path is None:
+        raise CheckpointError(f"train.resume=auto: {output_dir} holds checkpoints but none is complete ({reason}"
+                              f"{'; ' + problems[0] if problems else ''}); resume from a checkpoint elsewhere "
+                              f"(train.resume=<path>) or start over with train.resume=never")
+    log.warning("train.resume=auto: %s; resuming from %s (epoch %d), the newest complete checkpoint",
+                reason, path, epoch)
+    return path
 
 
-def load_checkpoint(prefix: str):
-    model = paddle.load(prefix + ".pdparams")
-    opt = paddle.load(prefix + ".pdopt") if os.path.isfile(prefix + ".pdopt") else None
-    states = load_states(prefix + ".pdstates")
-    return model, opt, states
+def load_checkpoint(path: str):
+    """``(model state, optimizer state or None, states)`` of a verified training checkpoint."""
+    loaded = read_checkpoint(path, require=("model", "states"))
+    return loaded["model"], loaded["optimizer"], loaded["states"]
 
 
+def _same_model_name(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    import ppdlx.models  # noqa: F401  (registers every family: aliases resolve to one builder)
+    from ppdlx.registry import MODELS
+    return a in MODELS and b in MODELS and MODELS.get(a) is MODELS.get(b)
+
+
+def model_mismatch(loaded: dict, own: dict):
+    """The first difference between two state dicts' names and shapes (None when they agree)."""
+    for name, value in own.items():
+        if name not in loaded:
+            return f"the model's parameter '{name}' is not in the checkpoint"
+        if list(loaded[name].shape) != list(value.shape):
+            return f"parameter '{name}' is {list(loaded[name].shape)} in the checkpoint but {list(value.shape)} here"
+    extra = [k for k in loaded if k not in own]
+    return f"the checkpoint holds '{extra[0]}', which the model lacks" if extra else None
+
+
+def check_resumable(path: str, model, model_name: str) -> None:
+    """Refuse, before training, a checkpoint of another model: another registry name (manifest), or other
+    parameter names or shapes (the manifest's digest first; the model file only when they differ)."""
+    kind, where = locate(path)
+    if kind == "unit":
+        identity = unit.read_manifest(where).get("model") or {}
+        name = identity.get("name")
+        if name and not _same_model_name(name, model_name):
+            classes = identity.get("num_classes")
+            raise CheckpointError(f"train.resume: {path} is a checkpoint of model '{name}' ({classes} classes) but "
+                                  f"this run builds '{model_name}'; set model.name={name}, or train into another "
+                                  f"global.output_dir (or train.resume=never to replace it)")
+        if identity.get("digest") == unit.model_digest(model.state_dict()):
+            return
+    problem = model_mismatch(read_checkpoint(path, ("model",), require=("model",))["model"], model.state_dict())
+    if problem:
+        raise CheckpointError(f"train.resume: {path} is a checkpoint of another model ({problem}); resume with the "
+                              f"model.name/num_classes it was trained with, or train into another global.output_dir")
+
+
+# ---------------------------------------------------------------------------------------------- weights
 def classifier_keys(model) -> list:
     """The state_dict keys of the classifier named by the model's ``default_cfg["classifier"]``."""
     prefix = (getattr(model, "default_cfg", None) or {}).get("classifier")
@@ -111,7 +269,7 @@ def _reset_head(model, loaded: dict, path: str, reset_head: str) -> dict:
 
 
 def load_weights(model, path: str, reset_head="false") -> list:
-    """Load weights only (``model.weights``): a ppdlx prefix, ``SOURCE:FILE`` or a foreign file. Shape
+    """Load weights only (``model.weights``): a ppdlx checkpoint, ``SOURCE:FILE`` or a foreign file. Shape
     mismatch -> one line naming the parameter, unless ``reset_head`` (``auto``: only the classifier's shapes
     differ; ``true``: always) drops the classifier so the model keeps its fresh one.
 
@@ -127,12 +285,3 @@ def load_weights(model, path: str, reset_head="false") -> list:
     else:
         loaded = _import_foreign(model, path)
     return check_and_set(model, _reset_head(model, loaded, path, reset_head), path)
-
-
-def prune_epoch_checkpoints(output_dir: str, keep: set) -> None:
-    for path in glob.glob(os.path.join(output_dir, "epoch_*.pdstates")):
-        prefix = strip_suffix(path)
-        if os.path.basename(prefix) not in keep:
-            for suffix in SUFFIXES:
-                if os.path.exists(prefix + suffix):
-                    os.remove(prefix + suffix)

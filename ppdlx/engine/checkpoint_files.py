@@ -1,36 +1,59 @@
-"""The checkpoint files themselves: atomic writes, prefixes, and loading a ppdlx ``.pdparams`` as it is.
+"""Naming and reading ppdlx checkpoints of either layout; writing one file atomically.
+
+A checkpoint is named by a path (``output/x/best``); a ``.pdparams``/``.pdopt``/``.pdstates`` suffix is
+ignored, and a file inside a unit (``output/x/best/model.pdparams``) names the unit. Two layouts are read:
+
+* a unit directory (:mod:`ppdlx.engine.checkpoint_unit`), checked against its manifest;
+* the earlier layout, files ``<prefix>.pdparams`` / ``.pdopt`` / ``.pdstates`` renamed into place one after
+  another (``tools/convert_weights.py`` still writes its ``.pdparams`` + ``.pdstates`` so). Each file read
+  must load as what it should hold; a training checkpoint read whole must hold all three, agreeing (the same
+  optimizer step, ``.pdstates`` written last): a save killed between two renames left a mix.
 
 Kept apart from ``ppdlx.engine.checkpoint`` (which also imports foreign checkpoints through
-``ppdlx.weights``) so that ``ppdlx.weights`` can write and re-load its output without an import cycle.
+``ppdlx.weights``) so that ``ppdlx.weights`` and ``ppdlx.sparsity`` read and write without an import cycle.
 """
 from __future__ import annotations
 
+import io
 import os
 import pickle
 
 import paddle
 
 from ppdlx.engine.amp import set_state_cast
+from ppdlx.engine.checkpoint_unit import (MANIFEST, MODEL, OPTIMIZER, STATES, UNIT_FILES, CheckpointError, fsync_dir,
+                                          is_unit, read_file, read_manifest, write_durably)
 from ppdlx.errors import ConfigError
 
 SUFFIXES = (".pdparams", ".pdopt", ".pdstates")
+ROLES = {"model": (MODEL, ".pdparams"), "optimizer": (OPTIMIZER, ".pdopt"), "states": (STATES, ".pdstates")}
+# Earlier layout: a .pdparams/.pdopt written this long after its .pdstates came from a later save that was
+# killed before its own .pdstates (a copy that did not keep the times writes all three within moments).
+MIXED_AFTER_SECONDS = 60
+
+
+def serialize(obj, plain_pickle: bool = False):
+    """The bytes ``paddle.save`` writes (``plain_pickle``: ``pickle``, which keeps numpy RNG arrays as they are)."""
+    if plain_pickle:
+        return pickle.dumps(obj, protocol=4)
+    buffer = io.BytesIO()
+    paddle.save(obj, buffer)
+    return buffer.getbuffer()
 
 
 def atomic_save(obj, path: str, plain_pickle: bool = False) -> None:
-    """``plain_pickle`` for ``.pdstates``: paddle.load would turn its numpy RNG arrays into tensors."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    """One file written to a temporary name, fsynced and renamed into place (the earlier layout's writer)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
-    if plain_pickle:
-        with open(tmp, "wb") as f:
-            pickle.dump(obj, f, protocol=4)
-    else:
-        paddle.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def load_states(path: str) -> dict:
-    with open(path, "rb") as f:
-        return pickle.load(f)
+    try:
+        write_durably(tmp, serialize(obj, plain_pickle))
+        os.replace(tmp, path)
+        fsync_dir(directory)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def strip_suffix(path: str) -> str:
@@ -40,16 +63,116 @@ def strip_suffix(path: str) -> str:
     return path
 
 
+def locate(path: str):
+    """``("unit", directory)``, ``("files", prefix)`` (earlier layout) or ``(None, prefix)``: what ``path`` names."""
+    if os.path.basename(path) in UNIT_FILES + (MANIFEST,) and is_unit(os.path.dirname(path) or "."):
+        return "unit", os.path.dirname(path)
+    prefix = strip_suffix(path)
+    prefix = prefix.rstrip(os.sep) or prefix
+    if is_unit(prefix):
+        return "unit", prefix
+    if any(os.path.isfile(prefix + suffix) for suffix in SUFFIXES):
+        return "files", prefix
+    return None, prefix
+
+
 def is_ppdlx_prefix(path: str) -> bool:
-    return os.path.isfile(strip_suffix(path) + ".pdparams")
+    return locate(path)[0] is not None
+
+
+def not_found(prefix: str) -> str:
+    if os.path.isdir(prefix):
+        inside = [n for n in ("best", "latest") if locate(os.path.join(prefix, n))[0]]
+        return f"{prefix} is a directory, not a checkpoint" + (f" (use {prefix}/{inside[0]})" if inside else "")
+    return f"{prefix}.pdparams not found, nor a checkpoint directory {prefix}"
+
+
+def _loaded(data: bytes, path: str, role: str):
+    """Unpickle one file's bytes: ``.pdstates`` with pickle (an older one written by ``paddle.save`` with
+    paddle), the others with ``paddle.load``; what does not load as a dict is named as damaged."""
+    try:
+        if role == "states":
+            try:
+                value = pickle.loads(data)
+            except Exception:  # noqa: BLE001 - an older .pdstates written by paddle.save
+                value = paddle.load(io.BytesIO(data), return_numpy=True)
+        else:
+            value = paddle.load(io.BytesIO(data))
+    except Exception as err:  # noqa: BLE001 - any unpickling failure means the same to the user
+        raise CheckpointError(f"{path} is truncated or damaged (it does not load: {type(err).__name__})") from None
+    if not isinstance(value, dict):  # paddle.load reads a few bytes of garbage as an empty Program
+        raise CheckpointError(f"{path} is truncated or damaged (it loads as {type(value).__name__}, not a dict)")
+    return value
+
+
+def _read_plain(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as err:
+        raise CheckpointError(f"{path} cannot be read ({err.strerror})") from None
+
+
+def read_checkpoint(path: str, roles=("model", "optimizer", "states"), require=()) -> dict:
+    """``{role: loaded dict or None}`` for ``roles`` of the checkpoint ``path`` names (verified); a role in
+    ``require`` that the checkpoint lacks is an error. Reading all three of an earlier-layout checkpoint
+    requires all three and checks that they come from one save."""
+    kind, where = locate(path)
+    if kind is None:
+        raise CheckpointError(not_found(where))
+    out = {}
+    if kind == "unit":
+        manifest = read_manifest(where)
+        for role in roles:
+            name = ROLES[role][0]
+            if name not in manifest["files"]:
+                if role in require:
+                    raise CheckpointError(f"{where} holds no {name}")
+                out[role] = None
+                continue
+            out[role] = _loaded(read_file(where, manifest, name), os.path.join(where, name), role)
+        return out
+    whole = set(roles) == set(ROLES)
+    for role in roles:
+        file = where + ROLES[role][1]
+        if not os.path.isfile(file):
+            if role in require or whole:
+                raise CheckpointError(f"{file} is missing")
+            out[role] = None
+            continue
+        out[role] = _loaded(_read_plain(file), file, role)
+    if whole:
+        _check_one_save(where, out)
+    return out
+
+
+def _check_one_save(prefix: str, loaded: dict) -> None:
+    """Earlier layout: the three files of ``prefix`` must come from the same save."""
+    saved = (loaded["optimizer"].get("LR_Scheduler") or {}).get("last_epoch")
+    recorded = (loaded["states"].get("lr_schedule") or {}).get("last_epoch")
+    if saved is not None and recorded is not None and saved != recorded:
+        raise CheckpointError(f"{prefix}.pdopt (LR step {saved}) and {prefix}.pdstates (LR step {recorded}) come "
+                              f"from different saves: a save was interrupted between them")
+    states_time = os.path.getmtime(prefix + ".pdstates")
+    for suffix in (".pdparams", ".pdopt"):
+        late = os.path.getmtime(prefix + suffix) - states_time
+        if late > MIXED_AFTER_SECONDS:
+            raise CheckpointError(f"{prefix}{suffix} was written {late:.0f} s after {prefix}.pdstates: it comes from "
+                                  f"a later save that was interrupted before its .pdstates")
+
+
+def load_states(path: str) -> dict:
+    """The ``.pdstates`` of the checkpoint ``path`` names (``output/x/latest`` or ``output/x/latest.pdstates``)."""
+    return read_checkpoint(path, ("states",), require=("states",))["states"]
 
 
 def read_pdparams(path: str) -> dict:
-    """``<prefix>.pdparams`` as name -> tensor (a ``{"model": ...}`` wrapper is unwrapped)."""
-    file = strip_suffix(path) + ".pdparams"
-    if not os.path.isfile(file):
-        raise ConfigError(f"model.weights={path}: {file} not found")
-    loaded = paddle.load(file)
+    """The model state of the checkpoint ``path`` names, as name -> tensor (a ``{"model": ...}`` wrapper is
+    unwrapped); a missing or damaged file is one line starting ``model.weights=<path>:``."""
+    try:
+        loaded = read_checkpoint(path, ("model",), require=("model",))["model"]
+    except CheckpointError as err:
+        raise CheckpointError(f"model.weights={path}: {err}") from None
     if isinstance(loaded, dict) and "model" in loaded and isinstance(loaded["model"], dict):
         loaded = loaded["model"]
     return loaded
@@ -72,5 +195,5 @@ def check_and_set(model, loaded: dict, path: str) -> list:
 
 
 def load_prefix_weights(model, path: str) -> list:
-    """A ppdlx ``<prefix>.pdparams`` into ``model`` as it is (no import, no head reset)."""
+    """A ppdlx checkpoint's model state into ``model`` as it is (no import, no head reset)."""
     return check_and_set(model, read_pdparams(path), path)

@@ -16,6 +16,7 @@ import paddle
 from PIL import Image, ImageDraw, ImageFont
 
 from ppdlx.data.coco import CocoDetection, coco_paths
+from ppdlx.data.transforms import PIL_INTERPOLATION
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.errors import ConfigError, DataError
 
@@ -45,9 +46,11 @@ def class_names(cfg, weights=None):
 
 class Detector:
     def __init__(self, cfg, nms="hard", score_threshold=0.001):
+        from ppdlx.engine.preprocess_cfg import resolve_preprocessing
         from ppdlx.engine.tasks.detection import build_detection_model, build_postprocess
         if not cfg.model.weights:
             raise ConfigError("model.weights is not set: pass -o model.weights=<checkpoint prefix>")
+        cfg = resolve_preprocessing(cfg)
         self.cfg = cfg
         self.model = build_detection_model(cfg, cfg.model.num_classes)
         ckpt.load_weights(self.model, cfg.model.weights)
@@ -59,7 +62,7 @@ class Detector:
         self._tf = CocoDetection.__new__(CocoDetection)
         self._tf.size, self._tf.training, self._tf.random = cfg.data.coco.image_size, False, False
         self._tf.mean, self._tf.std = np.asarray(t.mean, np.float32), np.asarray(t.std, np.float32)
-        self._tf.interp = Image.BILINEAR if t.interpolation == "bilinear" else Image.BICUBIC
+        self._tf.interp = PIL_INTERPOLATION[t.interpolation]
         self._tf.data_format, self._tf.skip_crowd = cfg.model.data_format, False
         self.names = class_names(cfg, cfg.model.weights)
 

@@ -3,7 +3,8 @@
 Design (``distill.*`` in the config):
 
 * The teacher is any ppdlx classification model: ``distill.teacher_config`` (a ppdlx YAML; its
-  ``model`` section builds it, its ``data.transforms`` give its resolution and normalisation)
+  ``model`` section builds it, its ``data.transforms`` give its resolution and normalisation, its
+  model's ``default_cfg`` what they leave null)
   and ``distill.teacher_weights`` (a checkpoint prefix; else the teacher config's
   ``model.weights``). Every teacher parameter must come from the file.
 * Resolutions: the training loader produces batches at the **teacher's** resolution
@@ -55,7 +56,8 @@ def load_teacher_config(cfg):
                           "config, e.g. -o distill.teacher_config=configs/demo/rn50_demo.yaml")
     if not os.path.isfile(path):
         raise ConfigError(f"distill.teacher_config={path}: file not found")
-    teacher_cfg = load_config(path)
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    teacher_cfg = resolve_preprocessing(load_config(path))  # its resolution and mean/std: its own model's
     if teacher_cfg.model.data_format != cfg.model.data_format:  # the batch's layout
         teacher_cfg = teacher_cfg.replace({"model.data_format": cfg.model.data_format})
     return teacher_cfg

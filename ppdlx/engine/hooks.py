@@ -19,7 +19,7 @@ order, which is the order they run in within each call:
 4. the caller's hooks (e.g. ``ppdlx.sparsity.ASPHook``: masks after each applied step, before the EMA);
 5. :class:`EMA` -- after each applied step, after the hooks that edit weights;
 6. :class:`MetricWriter` -- progress lines every ``log_interval`` steps and the eval line;
-7. :class:`Checkpoint` -- after an epoch, last: ``latest``, ``best``, ``epoch_N``;
+7. :class:`Checkpoint` -- after an epoch, last: ``epoch_N/``, then ``latest`` and ``best`` pointed at it;
 8. :class:`RunAnalysis` -- after training, after ``MetricWriter`` closed ``metrics.jsonl``: ``curves.png`` and
    the final evaluation's per-class analysis.
 """
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 
 from ppdlx.engine import checkpoint as ckpt
@@ -184,36 +183,37 @@ class MetricWriter(Hook):
 
 
 class Checkpoint(Hook):
-    """After every epoch rank 0 writes ``latest`` and copies it to ``best`` (improved) and
-    ``epoch_N`` (every ``save_interval`` epochs and the last); each file atomically, ``.pdstates``
-    last, so a prefix is complete exactly when its ``.pdstates`` exists. Weights holding NaN/inf stop
-    the run instead (``Trainer.check_weights``)."""
+    """After every epoch rank 0 writes the epoch's checkpoint, one directory ``epoch_N/`` that appears whole
+    (model, optimizer, states and a manifest verified on reading: ``ppdlx.engine.checkpoint_unit``), then
+    points the symlink ``latest`` at it, and ``best`` when the evaluation improved; each pointer moves in one
+    rename, so ``latest`` and ``best`` always name a complete checkpoint. ``epoch_N`` directories are kept
+    every ``save_interval`` epochs and after the last (``keep_epoch_checkpoints``); another is removed when
+    no pointer names it any more. A failed write (disk full, directory gone read-only) stops the run with
+    one line, the previous checkpoint untouched. Weights holding NaN/inf stop the run instead
+    (``Trainer.check_weights``). ``identity``: the model's registry ``name`` and ``num_classes``, recorded
+    in the manifest so that resuming another model is refused before training."""
 
     name = "checkpoint"
 
-    def __init__(self, output_dir: str, rank: int = 0, save_interval: int = 1, keep_epoch_checkpoints: bool = True):
+    def __init__(self, output_dir: str, rank: int = 0, save_interval: int = 1, keep_epoch_checkpoints: bool = True,
+                 identity: dict | None = None):
         self.output_dir, self.rank = output_dir, rank
         self.save_interval, self.keep_epoch_checkpoints = save_interval, keep_epoch_checkpoints
+        self.identity = identity
 
     def after_epoch(self):
         self.save(self.trainer.improved)
+
+    def kept(self, epoch: int) -> bool:
+        return self.keep_epoch_checkpoints and (epoch % self.save_interval == 0 or epoch == self.trainer.epochs)
 
     def save(self, improved: bool) -> None:
         t = self.trainer
         t.check_weights(t.epoch)  # every rank (the verdict is reduced over ranks): NaN weights are never saved
         if self.rank != 0:
             return
-        latest = os.path.join(self.output_dir, "latest")
-        ckpt.save_checkpoint(latest, *t.checkpoint())
-        copies = ["best"] if improved else []
-        if self.keep_epoch_checkpoints and (t.epoch % self.save_interval == 0 or t.epoch == t.epochs):
-            copies.append(f"epoch_{t.epoch}")
-        for name in copies:
-            target = os.path.join(self.output_dir, name)
-            for suffix in ckpt.SUFFIXES:  # .pdstates last: marks the copy complete
-                tmp = f"{target}{suffix}.tmp.{os.getpid()}"
-                shutil.copyfile(latest + suffix, tmp)
-                os.replace(tmp, target + suffix)
+        ckpt.save_epoch(self.output_dir, t.epoch, *t.checkpoint(), identity=self.identity, improved=improved,
+                        keep=self.kept)
 
 
 class RunAnalysis(Hook):

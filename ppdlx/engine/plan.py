@@ -2,14 +2,15 @@
 
 The config says what was asked for (``global.cpu_fast_kernels: auto``, ``amp.dtype: bfloat16``,
 ``global.cpu_threads: null``); the plan says what runs (NHWC with oneDNN kernels or not, AMP or
-float32 and why, how many threads, which graph and IR). It is logged in one line and written to
+float32 and why, how many threads, which graph and IR, the pre-processing with each value's source:
+the config or the model's ``default_cfg``). It is logged in one line and written to
 ``<output_dir>/plan.yaml`` next to ``config.yaml``; builders read the config through
 :meth:`RunPlan.configure`, which carries the plan's data layout.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import paddle
 
@@ -42,9 +43,12 @@ class RunPlan:
     data_format: str          # the layout models and loaders use (cpu_fast_kernels may switch it)
     fast_cpu_kernels: bool
     amp: AmpPlan
+    # the pre-processing the data pipelines use: {key: {value, source: config | default_cfg}}
+    # (ppdlx.engine.preprocess_cfg; the run's config.yaml keeps the nulls it was given)
+    preprocess: dict = field(default_factory=dict)
 
     def configure(self, cfg):
-        """``cfg`` as the builders must see it: with the planned data layout."""
+        """``cfg`` (pre-processing resolved) as the builders must see it: with the planned data layout."""
         if cfg.model.data_format == self.data_format:
             return cfg
         return cfg.replace({"model.data_format": self.data_format})

@@ -29,6 +29,8 @@ from ppdlx.engine.cpu_kernels import use_fast_cpu_kernels
 from ppdlx.engine.dynamic_step import DynamicStep, compile_forward
 from ppdlx.engine.ema import ModelEMA
 from ppdlx.engine.plan import RunPlan, plan_cpu_kernels, start_run
+from ppdlx.engine.preprocess_cfg import resolve_preprocessing, resolve_with_record
+from ppdlx.engine.run_dir import prepare_output_dir, release_output_dir
 from ppdlx.engine.tasks import task_of
 from ppdlx.engine.trainer import Trainer, optimizer_steps_per_epoch
 from ppdlx.errors import ConfigError
@@ -63,16 +65,28 @@ def build_training(cfg, hooks=(), amp=None) -> Trainer:
         check_graph_flags("static")
     task.validate(cfg)
     env = start_run(cfg, collective_programs=graph == "static")
+    resume_path = prepare_output_dir(cfg, env.rank)  # writable, locked, and resumed or explicitly started over
+    try:
+        return _assemble_training(cfg, hooks, amp, task, env, resume_path)
+    except BaseException:
+        release_output_dir(cfg.global_.output_dir)  # a training that never started holds the directory no longer
+        raise
+
+
+def _assemble_training(cfg, hooks, amp, task, env, resume_path) -> Trainer:
+    graph = cfg.train.graph
     check_before_training(cfg)  # every rank: one that stopped alone would leave the others waiting
     fast_kernels, data_format = plan_cpu_kernels(cfg, env.device)
+    # what builders read from here on: null pre-processing keys filled from the model's default_cfg
+    resolved, preprocess = resolve_with_record(cfg)
     # A static run builds the dynamic model in a fresh unique-name scope, in the dynamic order (AMP
     # probe, seed, loaders, model): the names and initial weights of a dynamic run in a fresh process.
     names = paddle.utils.unique_name.guard() if graph == "static" else contextlib.nullcontext()
     with names:
-        amp = amp or plan_training_amp(cfg, env.device)
+        amp = amp or plan_training_amp(resolved, env.device)
         plan = RunPlan(env.rank, env.world_size, env.device, env.cpu_threads, graph,
-                       "dygraph" if graph == "dynamic" else _static_ir(), data_format, fast_kernels, amp)
-        run_cfg = plan.configure(cfg)
+                       "dygraph" if graph == "dynamic" else _static_ir(), data_format, fast_kernels, amp, preprocess)
+        run_cfg = plan.configure(resolved)
         if amp.note:
             log.info(amp.note)
         # Same initial weights on every rank; per-rank streams for dropout/drop-path afterwards.
@@ -84,8 +98,9 @@ def build_training(cfg, hooks=(), amp=None) -> Trainer:
         task.prepare_model(run_cfg, model)
         # A checkpoint found by train.resume wins; without one (resume=auto in a fresh directory) the run starts
         # from model.weights rather than from random weights.
-        resume_prefix = ckpt.resolve_resume(cfg.train.resume, cfg.global_.output_dir) if cfg.train.resume else None
-        if cfg.model.weights and not resume_prefix:
+        if resume_path:
+            ckpt.check_resumable(resume_path, model, cfg.model.name)
+        elif cfg.model.weights:
             missing = ckpt.load_weights(model, cfg.model.weights, cfg.model.reset_head)
             log.info("loaded weights %s (%d parameters not in the file)", cfg.model.weights, len(missing))
     seed_everything(cfg.global_.seed + env.rank)
@@ -101,24 +116,24 @@ def build_training(cfg, hooks=(), amp=None) -> Trainer:
         lr_schedule = build_lr_schedule(cfg, global_batch, steps)
         step, raw_model = _dynamic_step(run_cfg, plan, model, objective, lr_schedule)
     evaluator = task.build_evaluator(run_cfg, raw_model, data.val_loader, env.rank, env.world_size, amp)
-    hooks = [*hooks, final_analysis_hook(run_cfg, task, evaluator, data, env.rank)]
-    trainer = Trainer(step, standard_hooks(cfg, env.rank, lr_schedule, evaluator, step, hooks),
+    hooks = [*hooks, *task.hooks(run_cfg, data), final_analysis_hook(run_cfg, task, evaluator, data, env.rank)]
+    identity = {"name": cfg.model.name, "num_classes": data.num_classes}
+    trainer = Trainer(step, standard_hooks(cfg, env.rank, lr_schedule, evaluator, step, hooks, identity),
                       train_loader=data.train_loader, epochs=cfg.train.epochs, accumulate=cfg.train.accumulate,
                       steps_per_epoch=cfg.train.steps_per_epoch, log_interval=cfg.global_.log_interval,
                       max_nonfinite_steps=cfg.train.max_nonfinite_steps, rank=env.rank, world_size=env.world_size)
     trainer.plan = plan  # for reports; the loop does not read it
-    if cfg.train.resume:
-        if resume_prefix:
-            trainer.resume(resume_prefix)
-        else:
-            log.info("train.resume=auto: no checkpoint in %s, starting fresh", cfg.global_.output_dir)
+    if resume_path:
+        trainer.resume(resume_path)
+    elif cfg.train.resume == "auto":
+        log.info("train.resume=auto: no checkpoint in %s, starting fresh", cfg.global_.output_dir)
     if env.rank == 0:
         out = cfg.global_.output_dir
         save_config(cfg, os.path.join(out, "config.yaml"))
         plan.save(os.path.join(out, "plan.yaml"))
         task.start(run_cfg, data)
         log.info("model %s: %d parameters%s; %d train images, %d val images; global batch %d (%d x %d ranks x %d "
-                 "accumulate), peak lr %.4f, %d steps/epoch", cfg.model.name, n_params, task.describe(cfg, data),
+                 "accumulate), peak lr %.4f, %d steps/epoch", cfg.model.name, n_params, task.describe(run_cfg, data),
                  data.train_loader.num_images, data.val_loader.num_images, global_batch, cfg.data.batch_size,
                  env.world_size, cfg.train.accumulate, scaled_lr(cfg, global_batch), steps)
         log.info(plan.line())
@@ -161,8 +176,9 @@ def final_analysis_hook(cfg, task, evaluator, data, rank: int):
     return std.RunAnalysis(cfg.global_.output_dir, rank, functools.partial(write_analysis, task, cfg, evaluator))
 
 
-def standard_hooks(cfg, rank: int, lr_schedule, evaluator, step, hooks=()) -> list:
-    """The standard hooks around the caller's, in their documented order (``ppdlx.engine.hooks``)."""
+def standard_hooks(cfg, rank: int, lr_schedule, evaluator, step, hooks=(), identity=None) -> list:
+    """The standard hooks around the caller's, in their documented order (``ppdlx.engine.hooks``);
+    ``identity``: the model's ``name`` and ``num_classes`` for the checkpoints' manifests."""
     out = cfg.global_.output_dir
     ema = [std.EMA()] if step.ema is not None else []
     # the run's analysis reads metrics.jsonl, which MetricWriter closes in after_train: it goes last
@@ -171,7 +187,7 @@ def standard_hooks(cfg, rank: int, lr_schedule, evaluator, step, hooks=()) -> li
     return [std.RankSync(), std.LRScheduler(lr_schedule),
             std.Evaluation(evaluator, cfg.eval.interval, cfg.ema.eval_with_ema), *hooks, *ema,
             std.MetricWriter(out, rank, lr_schedule),
-            std.Checkpoint(out, rank, cfg.train.save_interval, cfg.train.keep_epoch_checkpoints), *analysis]
+            std.Checkpoint(out, rank, cfg.train.save_interval, cfg.train.keep_epoch_checkpoints, identity), *analysis]
 
 
 def train(cfg, hooks=()) -> dict:
@@ -181,7 +197,10 @@ def train(cfg, hooks=()) -> dict:
         hooks = ensure_asp_hook(cfg, list(hooks))
     task = task_of(cfg)
     trainer = build_training(cfg, hooks)
-    report = task.train_report(trainer.fit())
+    try:
+        report = task.train_report(trainer.fit())
+    finally:
+        release_output_dir(cfg.global_.output_dir)
     report.update(epochs=trainer.epoch, output_dir=cfg.global_.output_dir)
     report[f"best_{task.best}"] = trainer.best_metric
     if getattr(trainer, "analysis", None) is not None:
@@ -196,6 +215,7 @@ def evaluate(cfg, analysis_dir: str | None = None) -> dict:
     env = start_run(cfg)
     if not cfg.model.weights:
         raise ConfigError("model.weights is not set: pass -o model.weights=<checkpoint prefix>")
+    cfg = resolve_preprocessing(cfg)
     loader, num_classes = task.build_eval_data(cfg, env.rank, env.world_size)
     model = task.build_model(cfg, num_classes)
     task.prepare_model(cfg, model)

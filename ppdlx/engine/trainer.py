@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Iterable, Optional
 
 import paddle
@@ -221,7 +222,8 @@ class Trainer:
             if key is not None and key in states:
                 hook.set_state_dict(states[key])
         ckpt.restore_rng(states["rng"])
-        log.info("resumed from %s at epoch %d (step %d)", prefix, self.epoch, self.global_step)
+        shown = f"{prefix} -> {os.readlink(prefix)}" if os.path.islink(prefix) else prefix
+        log.info("resumed from %s at epoch %d (step %d)", shown, self.epoch, self.global_step)
 
 
 def state_key(hook) -> Optional[str]:

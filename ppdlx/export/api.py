@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence
 import ppdlx.export.meta as M
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.export.families import export_graph, export_onnx_target
+from ppdlx.export.files import ensure_output_dir, file_records
 from ppdlx.export.paddle_export import PaddleInferenceRunner, random_feeds, run_dynamic
 
 log = logging.getLogger("ppdlx")
@@ -91,6 +92,8 @@ def build_trained_model(cfg, weights: Optional[str]):
         if missing:
             log.warning("export: %d model parameters not in %s (e.g. %s)", len(missing), weights, missing[0])
         apply_evaluation_statistics(cfg, model)
+        from ppdlx.export.checks import check_finite_weights
+        check_finite_weights(model, weights)
     else:
         log.warning("export: model.weights is not set: exporting randomly initialised weights")
     model.eval()
@@ -145,7 +148,10 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     Returns a report: files, I/O, max abs diffs (Paddle Inference and ONNX vs dynamic).
     """
     started = time.time()
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    cfg = resolve_preprocessing(cfg)  # inference.yml pre-processes as training and eval did
     output_dir = output_dir or cfg.export.output_dir or os.path.join(cfg.global_cfg.output_dir, "inference")
+    ensure_output_dir(output_dir)
     onnx = cfg.export.onnx if onnx is None else onnx
     weights = weights if weights is not None else cfg.model.weights
     if model is None:
@@ -193,6 +199,7 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
                                       atol, rtol)
                 report["checks"][f"onnxruntime_bs{bs}_max_abs_diff"] = diff
     extra = {"export_check": report["checks"]} if report["checks"] else {}
+    extra["files"] = file_records([files.model_file, files.params_file])
     if target is not None and target.meta_section:
         extra["onnx"] = target.meta_section
     meta = M.build_meta(family=spec["family"], name=cfg.model.name, num_classes=num_classes, data_format=data_format,

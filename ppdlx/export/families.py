@@ -30,7 +30,7 @@ import paddle.nn as nn
 
 from ppdlx.errors import ConfigError
 from ppdlx.export.files import ModelFiles
-from ppdlx.export.meta import classification_preprocess
+from ppdlx.export.meta import classification_preprocess, detection_preprocess
 from ppdlx.export.onnx_detection import (check_candidates_close, check_detections_close, onnx_section,
                                         save_candidates_program)
 from ppdlx.export.onnx_export import OnnxRunner, check_close, export_onnx
@@ -40,8 +40,9 @@ from ppdlx.export.paddle_export import (DETECTION_ROLES, INPUT_NAME, SCALE_NAME,
 
 def classification_export_spec(transforms, output: str, num_classes: int) -> dict:
     """Image in, logits or probabilities out; the val transform of ``data.transforms`` as pre-processing."""
-    return {"family": "classification", "image_size": int(transforms.crop_size), "output": output,
-            "preprocess": classification_preprocess(transforms),
+    preprocess = classification_preprocess(transforms)
+    return {"family": "classification", "image_size": preprocess["crop_size"], "output": output,
+            "preprocess": preprocess,
             "postprocess": {"type": "topk", "output": output, "topk": min(5, int(num_classes))},
             "trt_batches": {"opt_batch": 32, "max_batch": 256}}
 
@@ -52,10 +53,7 @@ def detection_export_spec(transforms, image_size: int, num_classes: int, anchors
     ``score_threshold`` is the predictor's display threshold (the graph keeps every detection)."""
     size = int(image_size)
     return {"family": "detection", "image_size": size, "num_classes": int(num_classes),
-            "anchors": dict(anchors), "nms": dict(nms or {}),
-            "preprocess": {"type": "resize_long_pad", "size": size, "interpolation": transforms.interpolation,
-                           "mean": [float(v) for v in transforms.mean], "std": [float(v) for v in transforms.std],
-                           "pad_value": 0.0, "color": "RGB"},
+            "anchors": dict(anchors), "nms": dict(nms or {}), "preprocess": detection_preprocess(transforms, size),
             "postprocess": {"type": "detections", "box_format": "xyxy", "coords": "original",
                             "score_threshold": float(score_threshold)},
             "trt_batches": {"opt_batch": 8, "max_batch": 32}}

@@ -4,8 +4,10 @@
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
+from typing import Dict, Sequence
 
 from ppdlx.errors import ConfigError
 
@@ -56,3 +58,29 @@ def remove_stale(model_dir: str, prefix: str = "inference") -> None:
         path = os.path.join(model_dir, prefix + ext)
         if os.path.isfile(path):
             os.remove(path)
+
+
+def ensure_output_dir(path: str, option: str = "--output-dir") -> None:
+    """Create the export directory, or say in one line why it cannot be (before any model is built)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{option} {path}: is a file, not a directory; choose a directory that can be written")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{option} {path}: cannot create it ({err.strerror}: {err.filename}); choose a directory "
+                          f"that can be written") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {path}: not writable; choose a directory that can be written")
+
+
+def file_records(paths: Sequence[str]) -> Dict[str, dict]:
+    """``{file name: {bytes, sha256}}``: what ``inference.yml`` records of the Paddle program and weights so
+    that deploy can tell a damaged or replaced file from the one exported (ppdlx_deploy.integrity)."""
+    records = {}
+    for path in paths:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                digest.update(chunk)
+        records[os.path.basename(path)] = {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
+    return records

@@ -115,11 +115,17 @@ def verify_export(cfg, model_dir: str, source: str = "val", max_images: Optional
     record also written to ``inference.yml`` as ``verify:`` (``passed``, per case figures, ``failure``)."""
     from ppdlx.benchmarks.infer import load_deploy_module
     from ppdlx.export.api import build_trained_model
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
     from ppdlx.engine.tasks import task_of
     if not cfg.model.weights:
         raise ConfigError("--verify compares the export with the trained model: set -o model.weights=<checkpoint>")
+    cfg = resolve_preprocessing(cfg)  # what export wrote and ppdlx's evaluator uses
     D = load_deploy_module()
-    meta = D.load_meta(model_dir)
+    try:
+        meta = D.load_meta(model_dir)
+        D.model_files(model_dir, meta)  # a damaged export is one line here, not a failure inside a backend
+    except D.DeployError as err:
+        raise ConfigError(f"--verify: {err}") from None
     family = meta["model"]["family"]
     threads = threads or D.default_threads()
     model = model if model is not None else build_trained_model(cfg, cfg.model.weights)

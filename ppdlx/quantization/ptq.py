@@ -26,7 +26,7 @@ from typing import Optional
 
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.export import META_FILE, find_model_files, read_meta
-from ppdlx.export.files import ModelFiles, remove_stale
+from ppdlx.export.files import ModelFiles, file_records, remove_stale
 from ppdlx.export.meta import write_meta
 from ppdlx.quantization.compare import ONEDNN_INT8_OPS, compare_predictions
 from ppdlx.quantization.images import (ExportPreprocess, labelled_images, list_images, number_of_batches,
@@ -235,7 +235,8 @@ def quantize(model_dir: str, calib_dir: str, output_dir: str, num_images: Option
     }
     if comparison is not None:
         quantization["check"] = comparison
-    out_meta = {k: v for k, v in meta.items() if k != "export_check"}
+    out_meta = {k: v for k, v in meta.items() if k not in ("export_check", "files")}
+    out_meta["files"] = file_records([int8_files.model_file, int8_files.params_file])
     out_meta["model"] = {k: v for k, v in meta["model"].items() if k != "onnx_file"}
     out_meta["model"].update(model_file=int8_files.model_filename, params_file=int8_files.params_filename)
     if len(calibrated["fetch_names"]) == len(meta["outputs"]):

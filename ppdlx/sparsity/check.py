@@ -2,9 +2,10 @@
 
 What is checked, by source:
 
-* checkpoint (``<prefix>.pdparams``) written by a run with ``ASPHook``: exactly the
-  weights its saved masks cover (``.pdstates`` ``hook:asp``), with the saved ``n:m``;
-  the EMA shadow in ``.pdstates`` is checked too (one summary row);
+* checkpoint (``output/x/latest``, either layout of ``ppdlx.engine.checkpoint_files``; verified, so a
+  damaged file is one line naming it) written by a run with ``ASPHook``: exactly the weights its saved
+  masks cover (``.pdstates`` ``hook:asp``), with the saved ``n:m``; the EMA shadow in ``.pdstates`` is
+  checked too (one summary row);
 * checkpoint without ASP state: the rules of :mod:`ppdlx.sparsity.rules` applied to
   ``model`` when one is given (built from the config), else shape rules on the state
   dict: 4-D ``[Cout, Cin, kh, kw]`` with ``Cin % m == 0`` and 2-D ``[in, out]`` with
@@ -26,13 +27,14 @@ from __future__ import annotations
 
 import glob
 import os
-import pickle
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
 import paddle
 
+from ppdlx.engine.checkpoint_files import locate, read_checkpoint
+from ppdlx.engine.checkpoint_unit import CheckpointError, is_unit
 from ppdlx.errors import DataError, UnsupportedError
 from ppdlx.sparsity.masks import density, nm_violations, unpack_mask
 from ppdlx.sparsity.rules import SparsityRules, scan_model
@@ -87,23 +89,24 @@ def resolve_source(path: str):
         if not os.path.isfile(path):
             raise DataError(f"--check {path}: file not found")
         return "onnx", path
-    if os.path.isdir(path):
+    if os.path.isdir(path) and not is_unit(path):
         found = sorted(glob.glob(os.path.join(path, "*.pdiparams")))
         if found:
             preferred = os.path.join(path, "inference.pdiparams")
             return "inference", (preferred if preferred in found else found[0])[: -len(".pdiparams")]
-        if os.path.isfile(os.path.join(path, "latest.pdparams")):
-            return "checkpoint", os.path.join(path, "latest")
+        kind, where = locate(os.path.join(path, "latest"))  # a run's output directory
+        if kind:
+            return "checkpoint", where
         raise DataError(f"--check {path}: the directory holds no *.pdiparams (exported model) "
-                        f"and no latest.pdparams (checkpoint)")
+                        f"and no latest checkpoint")
+    kind, where = locate(path)  # a checkpoint (either layout), by any of its names
+    if kind:
+        return "checkpoint", where
     prefix = path
     for suffix in (".pdiparams.info", ".pdiparams", ".json", ".pdmodel", ".pdparams", ".pdopt", ".pdstates"):
         if prefix.endswith(suffix):
             prefix = prefix[: -len(suffix)]
             break
-    if path.endswith(".pdparams") or (os.path.isfile(prefix + ".pdparams") and not path.endswith(".pdiparams")):
-        if os.path.isfile(prefix + ".pdparams"):
-            return "checkpoint", prefix
     if os.path.isfile(prefix + ".pdiparams") and (os.path.isfile(prefix + ".json")
                                                  or os.path.isfile(prefix + ".pdmodel")):
         return "inference", prefix
@@ -111,20 +114,14 @@ def resolve_source(path: str):
                     f"({prefix}.pdiparams + {prefix}.json or .pdmodel)")
 
 
-def _load_states(path: str) -> dict:
-    """``.pdstates``: a plain pickle (ppdlx.engine.checkpoint) or an older ``paddle.save`` file."""
-    try:
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    except Exception:  # noqa: BLE001 - fall back to paddle's format
-        return paddle.load(path, return_numpy=True)
-
-
 def _checkpoint_targets(prefix: str, rules: SparsityRules, model=None):
-    state = paddle.load(prefix + ".pdparams")
+    try:  # verified (a unit's manifest) or loaded whole (earlier layout): damage is one line naming the file
+        loaded = read_checkpoint(prefix, ("model", "states"), require=("model",))
+    except CheckpointError as err:
+        raise DataError(f"--check {prefix}: {err}") from None
+    state, states = loaded["model"], loaded["states"] or {}
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]
-    states = _load_states(prefix + ".pdstates") if os.path.isfile(prefix + ".pdstates") else {}
     asp_state = states.get("hook:asp") if isinstance(states, dict) else None
     extra = []
     if asp_state is not None:

@@ -20,7 +20,9 @@ CONFIG = os.path.join(ROOT, "configs", "demo", "efficientdet_demo.yaml")
 
 
 def cfg_for(root, *extra):
-    return load_config(CONFIG, [f"data.root={root}", "data.workers=0", "data.batch_size=4", *extra])
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # the nulls: the model's default_cfg
+    return resolve_preprocessing(load_config(CONFIG, [f"data.root={root}", "data.workers=0", "data.batch_size=4",
+                                                      *extra]))
 
 
 def load_json(path):
@@ -55,6 +57,10 @@ def shapes(tmp_path):
     copy = os.path.join(root, "val", val["images"][1]["file_name"])
     source = os.path.join(root, "train", train["images"][0]["file_name"])
     shutil.copyfile(source, copy)
+    # a duplicate as it happens: the same picture with its own size in the json (one of another size than the json
+    # says is an invalid image, left out: test_size_that_disagrees_with_the_json_is_an_invalid_image)
+    val["images"][1]["width"], val["images"][1]["height"] = train["images"][0]["width"], train["images"][0]["height"]
+    save_json(paths["val"], val)
     return {"root": root, "json": paths, "corrupt": corrupt, "copy": copy, "source": source,
             "invalid_id": a1["id"], "leaving_id": a0["id"]}
 
@@ -142,3 +148,24 @@ def test_category_without_training_boxes_and_mismatch_stop(shapes):
     report = check_data(cfg_for(shapes["root"], "model.num_classes=2"), decode=False, hash_files=False)
     assert report.problems == [f"category ids differ between {train_json} [1, 3] and {shapes['json']['val']} "
                                f"[1, 3, 7]; both splits must list the same categories"]
+
+
+def test_size_that_disagrees_with_the_json_is_an_invalid_image(shapes):
+    # Before: not seen by the start-of-training check (it decodes nothing); the image trained with boxes checked
+    # against the json's size.
+    val_json = shapes["json"]["val"]
+    val = load_json(val_json)
+    image = val["images"][4]
+    width, height = image["width"], image["height"]
+    image["width"], image["height"] = height, width
+    save_json(val_json, val)
+    reason = (f"the json says {height}x{width} but the file is {width}x{height} (width and height swapped: an "
+              f"EXIF-rotated photo?), so its boxes do not fit the picture: correct width/height (and the boxes) for "
+              f"this image in the json")
+    report = check_data(cfg_for(shapes["root"]), decode=False, hash_files=False)
+    assert report.splits["val"].invalid == [(None, image["id"], image["file_name"], reason)]
+    assert f"{val_json}: 1 invalid annotation/image (first: image id {image['id']}: {reason}); left out " \
+           f"(data.coco.invalid=skip)" in report.warnings
+    stop = check_data(cfg_for(shapes["root"], "data.coco.invalid=error"), decode=False, hash_files=False)
+    assert f"{val_json}: 1 invalid annotation/image (first: image id {image['id']}: {reason}); data.coco.invalid=error " \
+           f"stops on them" in stop.problems

@@ -27,7 +27,8 @@ def overrides(root, *extra):
 
 
 def cfg_for(root, *extra):
-    return load_config(CONFIG, overrides(root, *extra))
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # the nulls: the model's default_cfg
+    return resolve_preprocessing(load_config(CONFIG, overrides(root, *extra)))
 
 
 @pytest.fixture
@@ -63,12 +64,14 @@ def test_counts_corrupt_duplicate_and_empty_class(faulty_tree):
     assert val.unreadable == []
     assert report.duplicates == [(faulty_tree["copy"], faulty_tree["source"])]
     assert set(train.sizes.values()) == {(32, 32)} and len(train.sizes) == 64
-    # only the empty training class stops training; the rest are warnings
-    assert report.problems == [f"{os.path.join(root, 'train')}: 1 class without images ('4')"]
+    # the empty class stops training in either split (a val class without images would leave it out of the
+    # accuracy); the rest are warnings
+    assert report.problems == [f"{os.path.join(root, 'train')}: 1 class without images ('4')",
+                               f"{os.path.join(root, 'val')}: 1 class without images ('4')"]
     assert any(w.startswith(f"{os.path.join(root, 'train')}: 1 file cannot be decoded; the loader skips them")
                for w in report.warnings)
     assert any(w.startswith("1 val image byte-identical to a training image") for w in report.warnings)
-    assert any(w.startswith(f"{os.path.join(root, 'val')}: 1 class without images ('4')") for w in report.warnings)
+    assert not any("class without images" in w for w in report.warnings)
 
 
 def test_unreadable_files_are_the_ones_the_paddle_loader_skips(faulty_tree):
@@ -86,6 +89,8 @@ def test_unreadable_files_are_the_ones_the_dali_loader_skips(faulty_tree):
     from ppdlx.data.loader import build_classification_loader
     cfg = cfg_for(faulty_tree["root"], "model.num_classes=5", "data.batch_size=8", "data.backend=dali",
                   "data.dali.device=cpu", "data.dali.num_threads=1")
+    # the val loader refuses a class folder without images: give val '4' one
+    shutil.copyfile(faulty_tree["copy"], os.path.join(faulty_tree["root"], "val", "4", "one.jpg"))
     loader = build_classification_loader(cfg, "val")  # val: every file once
     for _ in loader:
         pass
@@ -141,7 +146,8 @@ def test_tool_exit_codes_files_and_table(faulty_tree, tmp_path):
     proc = run_tool("--out", str(out), "--samples", "3", "-o", *overrides(faulty_tree["root"], "model.num_classes=5"))
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
-    assert lines[-1] == f"error: {os.path.join(faulty_tree['root'], 'train')}: 1 class without images ('4')"
+    assert lines[-1] == (f"error: {os.path.join(faulty_tree['root'], 'train')}: 1 class without images ('4'); "
+                         f"{os.path.join(faulty_tree['root'], 'val')}: 1 class without images ('4')")
     table = proc.stdout.splitlines()
     counts = expected_counts(faulty_tree["root"], "train")
     assert counts == [16, 16, 17, 16, 0]
@@ -168,7 +174,8 @@ def test_tool_exit_codes_files_and_table(faulty_tree, tmp_path):
 
 def test_check_before_training_logs_and_stops(faulty_tree, ppdlx_caplog):
     root = faulty_tree["root"]
-    message = f"{os.path.join(root, 'train')}: 1 class without images ('4')"
+    message = (f"{os.path.join(root, 'train')}: 1 class without images ('4'); "
+               f"{os.path.join(root, 'val')}: 1 class without images ('4')")
     with pytest.raises(DataError, match=r"^" + re.escape(message) + "$"):
         check_before_training(cfg_for(root, "model.num_classes=5"))
     os.rmdir(os.path.join(root, "train", "4"))
@@ -180,3 +187,20 @@ def test_check_before_training_logs_and_stops(faulty_tree, ppdlx_caplog):
     assert [r.getMessage() for r in ppdlx_caplog.records] == [
         f"data: train 65 images, 4 classes (16..17 each, imbalance 1.06) in {os.path.join(root, 'train')}",
         f"data: val 17 images, 4 classes (4..5 each, imbalance 1.25) in {os.path.join(root, 'val')}"]
+
+
+def test_class_folders_of_non_image_files_are_named_in_either_split(tmp_path):
+    # Before: a val class folder holding only files of another extension was a warning, and no message said why
+    # the folder counted as empty.
+    root = make_digits_tree(tmp_path / "digits", per_class=10, classes=3)
+    for split, name in (("train", "scan.tif"), ("val", "notes.txt")):
+        folder = os.path.join(root, split, "2")
+        for old in os.listdir(folder):
+            os.remove(os.path.join(folder, old))
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(b"a file the loader does not read")
+    report = check_data(cfg_for(root, "model.num_classes=3"), decode=False, hash_files=False)
+    note = "(1 file, none with an image extension (.jpg, .jpeg, .png, .bmp, .webp, .ppm): e.g. '{}')"
+    assert report.problems == [
+        f"{os.path.join(root, 'train')}: 1 class without images ('2' {note.format('scan.tif')})",
+        f"{os.path.join(root, 'val')}: 1 class without images ('2' {note.format('notes.txt')})"]

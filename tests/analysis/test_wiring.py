@@ -56,7 +56,9 @@ def test_a_class_without_images_stops_training_in_one_line(tiny_tree, tmp_path):
         os.makedirs(root / split / "zz_empty")
     proc = tool("train.py", "-o", *tiny_overrides(root, tmp_path / "out", "train.epochs=1", "model.num_classes=5"))
     assert proc.returncode == 2, proc.stdout[-2000:]
-    assert proc.stderr.strip().splitlines()[-1] == f"error: {root}/train: 1 class without images ('zz_empty')"
+    # the val folder too: a val class without images would leave the class out of the accuracy
+    assert proc.stderr.strip().splitlines()[-1] == (f"error: {root}/train: 1 class without images ('zz_empty'); "
+                                                    f"{root}/val: 1 class without images ('zz_empty')")
     assert "Traceback" not in proc.stderr and proc.stderr.count("error:") == 1
 
 
@@ -65,6 +67,8 @@ def _predictions(cfg):
     from ppdlx.data.loader import build_classification_loader
     from ppdlx.engine.builders import build_model
     from ppdlx.engine.checkpoint import load_weights
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    cfg = resolve_preprocessing(cfg)  # as evaluate() reads it
     model = build_model(cfg)
     load_weights(model, cfg.model.weights)
     model.eval()

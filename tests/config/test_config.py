@@ -102,6 +102,7 @@ SHIPPED = {
     "demo/rn50_asp_demo.yaml": ("resnet50", "image_folder", 10),
     "demo/rn50_demo.yaml": ("resnet50", "image_folder", 10),
     "efficientdet_d0.yaml": ("efficientdet_d0", "coco", 80),
+    "efficientnet_lite0.yaml": ("efficientnet_lite0", "image_folder", 1000),
     "gpunet/gpunet_0.yaml": ("gpunet_0", "image_folder", 1000),
     "gpunet/gpunet_1.yaml": ("gpunet_1", "image_folder", 1000),
     "gpunet/gpunet_2.yaml": ("gpunet_2", "image_folder", 1000),
@@ -199,3 +200,54 @@ def test_validating_every_shipped_yaml_imports_neither_pil_nor_paddle():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == [str(len(SHIPPED)), "[]"]
+
+
+DUPLICATE_SECTION = """\
+model:
+  weights: output/pretrained/best
+train:
+  epochs: 3
+data:
+  batch_size: 8
+model:
+  name: resnet50
+"""
+
+
+def test_duplicate_key_names_the_file_key_and_both_lines(tmp_path):
+    # Before: yaml.safe_load kept the second 'model:' section and dropped model.weights without a word.
+    path = write(tmp_path / "dup.yaml", DUPLICATE_SECTION)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (f"{path}: key 'model' is given twice in the same mapping (lines 1 and 7); YAML keeps "
+                              f"only the last, so the first would be ignored silently: merge the two")
+    nested = write(tmp_path / "nested.yaml", "train:\n  epochs: 3\n  accumulate: 2\n  epochs: 5\n")
+    with pytest.raises(ConfigError, match=r"nested\.yaml: key 'epochs' is given twice in the same mapping "
+                                          r"\(lines 2 and 4\)"):
+        load_config(nested)
+    flow = write(tmp_path / "flow.yaml", "data:\n  transforms: {crop_size: 32, crop_size: 64}\n")
+    with pytest.raises(ConfigError, match=r"flow\.yaml: key 'crop_size' is given twice in the same mapping "
+                                          r"\(line 2\)"):
+        load_config(flow)
+    # a base file is checked the same way when a child names it
+    child = write(tmp_path / "child.yaml", {"_BASE_": ["dup.yaml"]})
+    with pytest.raises(ConfigError, match=r"dup\.yaml: key 'model' is given twice"):
+        load_config(child)
+
+
+def test_keys_brought_in_by_a_yaml_merge_may_be_overridden(tmp_path):
+    path = write(tmp_path / "merged.yaml", "train:\n  <<: {epochs: 4, accumulate: 2}\n  epochs: 7\n")
+    cfg = load_config(path)
+    assert (cfg.train.epochs, cfg.train.accumulate) == (7, 2)
+
+
+def test_cli_duplicate_key_exits_2_with_one_line(tmp_path):
+    path = write(tmp_path / "dup.yaml", "_BASE_: [" + os.path.join(ROOT, "configs", "demo", "rn50_demo.yaml") + "]\n"
+                                        + DUPLICATE_SECTION)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train.py"), "-c", path,
+                           "-o", f"global.output_dir={tmp_path}/out"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert lines[-1] == (f"error: {path}: key 'model' is given twice in the same mapping (lines 2 and 8); YAML keeps "
+                         f"only the last, so the first would be ignored silently: merge the two")
+    assert "Traceback" not in proc.stderr and not os.path.exists(tmp_path / "out")

@@ -17,8 +17,9 @@ def _image(seed=0, size=48):
 
 
 def _transforms(*extra):
-    return load_config(None, ["data.transforms.crop_size=32", "data.transforms.interpolation=bicubic",
-                              *extra]).data.transforms
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    return resolve_preprocessing(load_config(None, ["data.transforms.crop_size=32",
+                                                    "data.transforms.interpolation=bicubic", *extra])).data.transforms
 
 
 def test_parse_timm_policy_string():

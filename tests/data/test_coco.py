@@ -10,6 +10,7 @@ from ppdlx.data.coco import CocoDetection, CocoIndex, eval_size, train_window
 from ppdlx.errors import DataError
 
 MEAN, STD = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)  # identity normalisation: pixels stay readable
+PIXELS = {"mean": MEAN, "std": STD, "interpolation": "bilinear"}
 
 
 def write_coco(root, images, annotations, categories=({"id": 4, "name": "thing"}, {"id": 9, "name": "other"})):
@@ -49,7 +50,7 @@ def _white_extent(img_chw):
 
 
 def test_eval_transform_scales_box_and_pads_bottom_right(one_box):
-    ds = CocoDetection(*one_box, image_size=64, training=False, mean=MEAN, std=STD)
+    ds = CocoDetection(*one_box, image_size=64, training=False, **PIXELS)
     img, boxes, classes, image_id, scale, _ = ds[0]
     assert img.shape == (3, 64, 64) and img.dtype == np.float32
     # longer side 100 -> 64: factor 0.64, content 64 x 32, padding rows 32..63 are 0
@@ -63,7 +64,7 @@ def test_eval_transform_scales_box_and_pads_bottom_right(one_box):
 
 
 def test_flip_mirrors_box_and_pixels(one_box):
-    ds = CocoDetection(*one_box, image_size=64, training=True, mean=MEAN, std=STD, hflip=1.0,
+    ds = CocoDetection(*one_box, image_size=64, training=True, **PIXELS, hflip=1.0,
                        scale_range=(1.0, 1.0))
     img, boxes, *_ = ds[0]
     # mirrored in the 100 px original: x 60..90 -> x0.64 = 38.4..57.6
@@ -76,8 +77,8 @@ def test_scale_jitter_and_crop_keep_boxes_on_the_pixels(tmp_path):
     rects = [(10, 10, 70, 50, (255, 255, 255)), (120, 60, 150, 110, (255, 255, 255))]
     path = write_coco(str(tmp_path), [(1, "b.png", 160, 120, rects)],
                       [ann(1, 1, [10, 10, 60, 40]), ann(2, 1, [120, 60, 30, 50], cat=9)])
-    ds = CocoDetection(path, os.path.join(str(tmp_path), "img"), image_size=64, training=True, mean=MEAN,
-                       std=STD, hflip=0.5, scale_range=(0.3, 2.0))
+    ds = CocoDetection(path, os.path.join(str(tmp_path), "img"), image_size=64, training=True, **PIXELS,
+                       hflip=0.5, scale_range=(0.3, 2.0))
     seen_crop = False
     for epoch in range(12):
         ds.set_epoch(epoch)
@@ -149,11 +150,11 @@ def test_crowd_skipped_in_training_kept_for_eval_and_ids_mapped(tmp_path):
     path = write_coco(str(tmp_path), [(1, "a.png", 64, 64, [])],
                       [ann(1, 1, [2, 2, 20, 20], cat=9), ann(2, 1, [30, 30, 20, 20], cat=4, crowd=1)])
     img_dir = os.path.join(str(tmp_path), "img")
-    train = CocoDetection(path, img_dir, image_size=64, training=True, mean=MEAN, std=STD, hflip=0.0,
+    train = CocoDetection(path, img_dir, image_size=64, training=True, **PIXELS, hflip=0.0,
                           scale_range=(1.0, 1.0))
     _, boxes, classes, *_ = train[0]
     assert classes.tolist()[:2] == [1, -1]  # category 9 -> class 1 (ids sorted: 4, 9); crowd dropped
-    ev = CocoDetection(path, img_dir, image_size=64, training=False, mean=MEAN, std=STD)
+    ev = CocoDetection(path, img_dir, image_size=64, training=False, **PIXELS)
     assert sorted(ev[0][2].tolist()[:2]) == [0, 1]
     assert ev.cat_ids == [4, 9] and ev.classes == ["thing", "other"]
     assert len(ev.coco_gt.getAnnIds(iscrowd=True)) == 1
@@ -165,7 +166,7 @@ def test_max_instances_and_loader_batch_contract(tmp_path):
                       anns + [ann(100, 2, [1, 1, 10, 10])])
     from ppdlx.data.coco import CocoLoader
     from ppdlx.data.samplers import EvalBatchSampler
-    ds = CocoDetection(path, os.path.join(str(tmp_path), "img"), image_size=32, max_instances=50, mean=MEAN, std=STD)
+    ds = CocoDetection(path, os.path.join(str(tmp_path), "img"), image_size=32, max_instances=50, **PIXELS)
     batches = list(CocoLoader(ds, EvalBatchSampler(len(ds), 2), workers=0))
     images, boxes, classes, ids, scales = batches[0]
     assert images.shape == [2, 3, 32, 32] and str(images.dtype) == "paddle.float32"
@@ -173,3 +174,80 @@ def test_max_instances_and_loader_batch_contract(tmp_path):
     assert int((classes[0] >= 0).sum()) == 50 and int((classes[1] >= 0).sum()) == 1  # truncated to 50
     assert ids.numpy().tolist() == [1, 2] and batches[1][3].numpy().tolist() == [3]
     np.testing.assert_allclose(scales.numpy(), [2.0, 2.5], rtol=1e-6)
+
+
+
+def _edit_images(path, **by_id):
+    """Rewrite image entries of the json: ``by_id["<id>"] = {key: value, or None to remove the key}``."""
+    with open(path) as f:
+        data = json.load(f)
+    for info in data["images"]:
+        for key, value in by_id.get(str(info["id"]), {}).items():
+            if value is None:
+                info.pop(key, None)
+            else:
+                info[key] = value
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def _three_images(tmp_path):
+    """Three 100x50 PNGs with one box each; the boxes reach x 90 (inside a 100-wide image)."""
+    path = write_coco(str(tmp_path), [(k, f"{k}.png", 100, 50, []) for k in (1, 2, 3)],
+                      [ann(k, k, [60, 5, 30, 20]) for k in (1, 2, 3)])
+    return path, os.path.join(str(tmp_path), "img")
+
+
+SWAPPED = ("the json says 50x100 but the file is 100x50 (width and height swapped: an EXIF-rotated photo?), so its "
+           "boxes do not fit the picture: correct width/height (and the boxes) for this image in the json")
+
+
+def test_json_size_that_disagrees_with_the_file_is_named_and_left_out(tmp_path, ppdlx_caplog):
+    path, img_dir = _three_images(tmp_path)
+    _edit_images(path, **{"1": {"width": 50, "height": 100}, "2": {"width": 64, "height": 64}})
+    # Before: images 1 and 2 were kept and their boxes checked against, and clipped to, the json's wrong sizes
+    # (image 1's box reaching x 90 was dropped as outside a 50-wide image, image 2 trained as 64x64).
+    index = CocoIndex(path, img_dir, invalid="skip")
+    assert [r["id"] for r in index.records] == [3]
+    assert [(i[2], i[4]) for i in index.invalid] == [
+        (1, SWAPPED),
+        (2, "the json says 64x64 but the file is 100x50, so its boxes do not fit the picture: correct width/height "
+            "(and the boxes) for this image in the json")]
+    assert f"{path}: image id 1 (1.png): {SWAPPED} (skipped)" in ppdlx_caplog.text
+    assert [a["id"] for a in index.gt_dataset["annotations"]] == [3]
+    with pytest.raises(DataError) as err:
+        CocoIndex(path, img_dir, invalid="error")
+    assert str(err.value) == (f"{path}: image id 1 (1.png): {SWAPPED}; fix the annotation file or set "
+                              f"data.coco.invalid=skip to leave such entries out")
+
+
+def test_image_without_size_in_the_json_takes_the_file_size(tmp_path, ppdlx_caplog):
+    path, img_dir = _three_images(tmp_path)
+    _edit_images(path, **{"2": {"width": None, "height": None}, "3": {"width": 0}})
+    # Before: width/height 0, so every box of images 2 and 3 was rejected as outside a 0x0 image.
+    index = CocoIndex(path, img_dir, invalid="error")
+    assert [(r["id"], r["width"], r["height"], len(r["boxes"])) for r in index.records] == [
+        (1, 100.0, 50.0, 1), (2, 100.0, 50.0, 1), (3, 100.0, 50.0, 1)]
+    assert [(i["width"], i["height"]) for i in index.gt_dataset["images"]] == [(100, 50)] * 3
+    assert (f"{path}: 2 image(s) without a width/height in the json: their sizes were read from the image files"
+            in ppdlx_caplog.text)
+    # a box outside the real image is still named, with its annotation id
+    path2, img_dir2 = _three_images(tmp_path / "outside")
+    _edit_images(path2, **{"2": {"width": None, "height": None}})
+    with open(path2) as f:
+        data = json.load(f)
+    data["annotations"][1]["bbox"] = [80, 5, 30, 20]  # x 80..110 in a 100-wide image
+    with open(path2, "w") as f:
+        json.dump(data, f)
+    with pytest.raises(DataError, match=r"annotation id 2 \(image id 2, 2\.png\): bbox \[80, 5, 30, 20\] outside the "
+                                        r"100\.0x50\.0 image"):
+        CocoIndex(path2, img_dir2, invalid="error")
+
+
+def test_val_categories_that_differ_from_train_are_named(tmp_path):
+    path, img_dir = _three_images(tmp_path)  # categories 4 and 9
+    # Before: "category ids [4, 9] differ from the training split's [4, 7, 9]" (up to ten of each listed).
+    with pytest.raises(DataError) as err:
+        CocoIndex(path, img_dir, cat_ids=[4, 7, 9])
+    assert str(err.value) == (f"{path}: category ids differ from the training split's (missing 7); both splits must "
+                              f"list the same categories")

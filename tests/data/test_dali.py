@@ -51,10 +51,11 @@ def tree(tmp_path_factory):
 
 
 def _cfg(root, *extra):
-    return load_config(None, [f"data.root={root}", "data.backend=dali", "data.dali.device=cpu", "data.batch_size=4",
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # the nulls: the model's default_cfg
+    return resolve_preprocessing(load_config(None, [f"data.root={root}", "data.backend=dali", "data.dali.device=cpu", "data.batch_size=4",
                               "data.dali.num_threads=2", "data.transforms.crop_size=32",
                               "data.transforms.resize_short=36", "data.transforms.mean=[127.5,127.5,127.5]",
-                              "data.transforms.std=[127.5,127.5,127.5]", "model.num_classes=3", *extra])
+                              "data.transforms.std=[127.5,127.5,127.5]", "model.num_classes=3", *extra]))
 
 
 def _decode_ids(images, labels, layout="NCHW"):
@@ -293,3 +294,84 @@ def test_paddle_only_augmentations_are_refused(tree):
         build_classification_loader(_cfg(root, "data.transforms.random_erasing=0.25"), "train")
     with pytest.raises(UnsupportedError, match="data.transforms.randaugment='rand-m9-mstd0.5' is applied by the"):
         build_classification_loader(_cfg(root, "data.transforms.randaugment=rand-m9-mstd0.5"), "train")
+
+
+def _plant_unreadable(root, split):
+    """A zero-byte JPEG and a truncated real JPEG between valid ones of ``root/split`` (sorted order: the zero-byte
+    file right after apple/004.jpg, the truncated one right after mango/005.jpg)."""
+    zero = os.path.join(root, split, "apple", "004z.jpg")
+    open(zero, "wb").close()
+    truncated = os.path.join(root, split, "mango", "005t.jpg")
+    with open(os.path.join(root, split, "mango", "005.jpg"), "rb") as f:
+        data = f.read()
+    with open(truncated, "wb") as f:
+        f.write(data[: len(data) // 2])
+    return zero, truncated
+
+
+def test_find_undecodable_names_each_bad_file_not_its_neighbour(tmp_path):
+    root = str(tmp_path)
+    _write_tree(root, {"val": 12})
+    zero, truncated = _plant_unreadable(root, "val")
+    good = [os.path.join(root, "val", "apple", "004.jpg"), os.path.join(root, "val", "apple", "007.jpg")]
+    missing = os.path.join(root, "val", "apple", "gone.jpg")
+    bad = dali_backend.find_undecodable([good[0], zero, good[1], truncated, missing])
+    # Before: DALI's file reader reads one sample ahead, so the empty file failed the run of apple/004.jpg and
+    # that valid image was named (reason "Critical error in pipeline:").
+    assert [path for path, _ in bad] == [zero, truncated, missing]
+    assert bad[0][1] == "empty file: 0 bytes" and bad[2][1] == "No such file or directory"
+    assert bad[1][1].startswith("DALI's decoder rejects it")
+
+
+def test_zero_byte_jpeg_is_skipped_by_its_own_name(tmp_path, ppdlx_caplog):
+    root = str(tmp_path)
+    _write_tree(root, {"train": 11, "val": 12})
+    zero, truncated = _plant_unreadable(root, "val")
+    val = build_classification_loader(_cfg(root), "val")
+    with ppdlx_caplog.at_level("WARNING", logger="ppdlx.data"):
+        ids, _, sizes = _epoch(val)
+    assert sorted(ids) == list(range(12)) and sum(sizes) == 12  # every valid image once, none dropped
+    assert val.skipped_files == [zero, truncated]
+    warnings = [r.getMessage() for r in ppdlx_caplog.records if "unreadable" in r.getMessage()]
+    assert warnings[0] == f"skipping unreadable image {zero} (empty file: 0 bytes; 1 skipped so far)"
+    assert warnings[1].startswith(f"skipping unreadable image {truncated} (DALI's decoder rejects it")
+    assert len(warnings) == 2
+    # training (shuffled; 11 valid files and the empty one make 3 full batches): the same file named, every valid
+    # image read, one of them twice in place of the empty one
+    zero_train, _ = _plant_unreadable(root, "train")
+    os.remove(os.path.join(root, "train", "mango", "005t.jpg"))
+    train = build_classification_loader(_cfg(root), "train")
+    ids, _, sizes = _epoch(train)
+    assert train.skipped_files == [zero_train] and set(ids) == set(range(11)) and sizes == [4, 4, 4]
+
+
+def test_zero_byte_jpeg_error_mode_names_it(tmp_path):
+    root = str(tmp_path)
+    _write_tree(root, {"train": 12, "val": 12})
+    zero, _ = _plant_unreadable(root, "val")
+    val = build_classification_loader(_cfg(root, "data.dali.corrupt_files=error"), "val")
+    with pytest.raises(DataError) as info:
+        _epoch(val)
+    # Before: "<root>/val/apple/004.jpg: DALI cannot decode this image (Critical error in pipeline:); delete or
+    # replace it, ..." -- the valid image before the empty one.
+    assert str(info.value) == (f"{zero}: empty file: 0 bytes; the data.backend=dali loader cannot read it: delete or "
+                               f"replace it, or set data.dali.corrupt_files=skip to leave such files out")
+
+
+def test_split_without_one_readable_image_is_one_error(tmp_path):
+    root = str(tmp_path)
+    _write_tree(root, {"train": 6, "val": 6})
+    for split in ("train", "val"):
+        for dirpath, _, files in os.walk(os.path.join(root, split)):
+            for name in files:
+                with open(os.path.join(dirpath, name), "wb") as f:
+                    f.write(b"" if name < "003" else b"\xff\xd8 not a jpeg")
+    for split, n in (("train", 6), ("val", 6)):
+        loader = build_classification_loader(_cfg(root, "data.batch_size=2"), split)
+        with pytest.raises(DataError) as info:
+            _epoch(loader)
+        message = str(info.value)
+        assert message.startswith(f"{os.path.join(root, split)}: none of the {n} images this rank read can be "
+                                  f"decoded (first: {os.path.join(root, split)}")
+        assert message.endswith("); replace the files (tools/check_data.py lists every unreadable one) or fix "
+                                "data.root") and "\n" not in message

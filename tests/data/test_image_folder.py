@@ -1,5 +1,6 @@
 import logging
 import os
+import shutil
 import subprocess
 import sys
 
@@ -15,9 +16,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def cfg_for(root, *extra):
-    return load_config(None, [f"data.root={root}", "data.batch_size=8", "data.workers=0", "model.num_classes=4",
-                              "data.transforms.crop_size=32", "data.transforms.resize_short=32",
-                              "data.transforms.hflip=0.0", *extra])
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # the nulls: the model's default_cfg
+    return resolve_preprocessing(load_config(None, [
+        f"data.root={root}", "data.batch_size=8", "data.workers=0", "model.num_classes=4",
+        "data.transforms.crop_size=32", "data.transforms.resize_short=32", "data.transforms.hflip=0.0", *extra]))
 
 
 def test_train_and_val_batches_shapes_labels_and_normalisation(tiny_tree):
@@ -46,7 +48,7 @@ def test_nhwc_layout(tiny_tree):
 def test_augmentation_is_a_function_of_seed_epoch_and_index(tiny_tree):
     cfg = cfg_for(tiny_tree, "data.transforms.scale=[0.3, 1.0]")
     a = build_classification_loader(cfg, "train")
-    b = build_classification_loader(load_config(None, [*_overrides(cfg), "data.workers=1"]), "train")
+    b = build_classification_loader(cfg.replace({"data.workers": 1}), "train")
     for loader in (a, b):
         loader.set_epoch(3)
     xa, ya = next(iter(a))
@@ -55,12 +57,6 @@ def test_augmentation_is_a_function_of_seed_epoch_and_index(tiny_tree):
     a.set_epoch(4)
     xc, _ = next(iter(a))
     assert np.abs(xa.numpy() - xc.numpy()).max() > 0.1
-
-
-def _overrides(cfg):
-    return [f"data.root={cfg.data.root}", "data.batch_size=8", "model.num_classes=4",
-            "data.transforms.crop_size=32", "data.transforms.resize_short=32", "data.transforms.hflip=0.0",
-            "data.transforms.scale=[0.3, 1.0]"]
 
 
 def test_corrupt_jpeg_is_skipped_with_one_warning_naming_it(tiny_tree, tmp_path, ppdlx_caplog):
@@ -113,3 +109,81 @@ def test_train_sampler_shards_are_disjoint_and_even():
 def test_eval_sampler_counts_every_image_once_over_ranks():
     got = sorted(i for r in range(3) for batch in EvalBatchSampler(11, 4, r, 3) for i in batch)
     assert got == list(range(11))
+
+
+def test_val_class_folders_that_differ_are_named(tiny_tree, tmp_path):
+    root = str(tmp_path / "tree")
+    shutil.copytree(tiny_tree, root)
+    shutil.rmtree(os.path.join(root, "val", "2"))
+    shutil.copytree(os.path.join(root, "val", "1"), os.path.join(root, "val", "zz"))
+    cfg = cfg_for(root)
+    train = build_classification_loader(cfg, "train")
+    with pytest.raises(DataError) as err:
+        build_classification_loader(cfg, "val", classes=train.dataset.classes)
+    # Before: "<root>/val: class folders ['0', '1', '3', 'zz']... differ from the training split's"
+    assert str(err.value) == (f"{os.path.join(root, 'val')}: class folders differ from the training split's (missing "
+                              f"'2'; extra 'zz'); every split needs the same class folders, as labels are the indices "
+                              f"of the sorted folder names")
+
+
+@pytest.mark.parametrize("backend", ["paddle", "dali"])
+def test_val_class_folder_without_images_is_an_error(tiny_tree, tmp_path, backend):
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    root = str(tmp_path / "tree")
+    shutil.copytree(tiny_tree, root)
+    folder = os.path.join(root, "val", "3")
+    shutil.rmtree(folder)
+    os.makedirs(folder)
+    for name in ("notes.txt", "a.tif"):
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(b"not an image the loader reads")
+    cfg = cfg_for(root, f"data.backend={backend}", "data.dali.device=cpu")
+    build_classification_loader(cfg, "train")  # training folders are the data check's (tests/analysis)
+    with pytest.raises(DataError) as err:
+        build_classification_loader(cfg, "val")
+    # Before: no error; the val accuracy silently left class '3' out.
+    assert str(err.value) == (f"{os.path.join(root, 'val')}: 1 class folder without images ('3' (2 files, none with an "
+                              f"image extension (.jpg, .jpeg, .png, .bmp, .webp, .ppm): e.g. 'a.tif')); an evaluation "
+                              f"split needs images of every class: add them, or remove the folder from every split")
+
+
+def _spoil_every_image(split_dir):
+    for dirpath, _, files in os.walk(split_dir):
+        for k, name in enumerate(sorted(files)):
+            with open(os.path.join(dirpath, name), "wb") as f:
+                f.write(b"" if k % 2 else b"\xff\xd8 not a jpeg")
+
+
+def test_split_without_one_readable_image_is_one_error(tiny_tree, tmp_path):
+    root = str(tmp_path / "tree")
+    shutil.copytree(tiny_tree, root)
+    _spoil_every_image(os.path.join(root, "train"))
+    loader = build_classification_loader(cfg_for(root), "train")
+    with pytest.raises(DataError) as err:
+        for _ in loader:
+            pass
+    # Before: the loader yielded nothing: an epoch of 0 steps.
+    message = str(err.value)
+    train = os.path.join(root, "train")
+    assert message.startswith(f"{train}: none of the 64 images this rank read can be decoded (first: {train}")
+    assert message.endswith("); replace the files (tools/check_data.py lists every unreadable one) or fix data.root")
+
+
+def test_cli_training_on_unreadable_images_exits_2_without_a_checkpoint(tiny_tree, tmp_path):
+    root = str(tmp_path / "tree")
+    shutil.copytree(tiny_tree, root)
+    _spoil_every_image(os.path.join(root, "train"))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train.py"), "-c",
+                           os.path.join(ROOT, "configs", "demo", "rn50_demo.yaml"), "-o", f"data.root={root}",
+                           f"global.output_dir={out}", "model.name=resnet18_bottleneck_tiny", "model.num_classes=4",
+                           "data.batch_size=8", "data.workers=0", "data.backend=paddle", "data.transforms.crop_size=32",
+                           "data.transforms.resize_short=32", "train.epochs=1"],
+                          capture_output=True, text=True, timeout=600)
+    # Before: exit 0 after an epoch of 0 steps, with the untrained weights saved as "best".
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith(f"error: {os.path.join(root, 'train')}: none of the 64 images this rank read can be decoded")
+    assert "Traceback" not in proc.stderr
+    assert not any(name.startswith(("best", "latest", "epoch_")) for name in os.listdir(out))

@@ -18,10 +18,11 @@ D = load_deploy_module()
 def dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("shapes")
     make_synthetic_coco(str(root), num_train=2, num_val=24, size_range=(61, 97))
-    cfg = load_config(None, ["data.dataset=coco", f"data.root={root}", "data.coco.image_size=64",
-                             "data.coco.train_json=annotations/instances_train.json",
-                             "data.coco.val_json=annotations/instances_val.json", "data.coco.train_images=train",
-                             "data.coco.val_images=val", "model.num_classes=3"])
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # the nulls: the model's default_cfg
+    cfg = resolve_preprocessing(load_config(None, [
+        "data.dataset=coco", f"data.root={root}", "data.coco.image_size=64",
+        "data.coco.train_json=annotations/instances_train.json", "data.coco.val_json=annotations/instances_val.json",
+        "data.coco.train_images=train", "data.coco.val_images=val", "model.num_classes=3"]))
     return cfg, build_coco_dataset(cfg, "val")
 
 

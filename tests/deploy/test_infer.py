@@ -20,6 +20,7 @@ from ppdlx.config.schema import TransformsConfig
 from ppdlx.data.transforms import EvalTransform
 from ppdlx.export import export_model
 from ppdlx.export.meta import classification_preprocess
+from ppdlx.models.model_cfg import IMAGENET_MEAN, IMAGENET_STD
 
 D = load_deploy_module()
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,7 +61,8 @@ def test_preprocess_matches_eval_transform_on_real_photos(interp, layout):
     photos = real_photos()
     if not photos:
         pytest.skip(f"no real photos installed: {PADDLELABEL_HINT}")
-    t = TransformsConfig(crop_size=224, resize_short=256, interpolation=interp)
+    t = TransformsConfig(crop_size=224, resize_short=256, interpolation=interp, mean=list(IMAGENET_MEAN),
+                         std=list(IMAGENET_STD))
     prep, train_val = D.Preprocessor(_meta_for(t, layout)), EvalTransform(t, layout)
     # a landscape, a portrait and a square photo
     chosen = [p for p in photos if p.endswith(("bear/img/10.jpg", "fruit/img/5.jpeg", "fruit/img/4.jpeg"))]
@@ -75,7 +77,8 @@ def test_preprocess_matches_eval_transform_on_real_photos(interp, layout):
 
 
 def test_preprocess_matches_eval_transform_on_generated_image():
-    t = TransformsConfig(crop_size=64, resize_short=73, mean=[0.0, 0.0, 0.0], std=[255.0, 255.0, 255.0])
+    t = TransformsConfig(crop_size=64, resize_short=73, mean=[0.0, 0.0, 0.0], std=[255.0, 255.0, 255.0],
+                         interpolation="bilinear")
     for w, h in ((333, 251), (120, 301)):
         img = natural_image(w, h)
         got, _ = D.Preprocessor(_meta_for(t))(img)

@@ -92,7 +92,7 @@ def test_o2_checkpoint_is_float32_masters_and_loads_anywhere(o2_trainer, tmp_pat
     trainer, exact, reference = o2_trainer
     trainer.epoch = 1
     trainer.find_hook(Checkpoint).save(improved=True)
-    saved = paddle.load(str(tmp_path / "run" / "best.pdparams"))
+    saved = paddle.load(str(tmp_path / "run" / "best" / "model.pdparams"))
     for k, a in exact.items():
         # Before: the fp16 parameters were saved, so model.weights / eval / export refused them.
         assert saved[k].dtype == paddle.float32 and np.array_equal(saved[k].numpy(), a), k

@@ -32,7 +32,9 @@ def test_weights_load_exactly_and_missing_file_is_one_line(tmp_path):
 def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path):
     prefix = str(tmp_path / "latest")
     ckpt.save_checkpoint(prefix, {"w": paddle.ones([2])}, {"m": paddle.zeros([2])}, {"epoch": 3, "rng": ckpt.capture_rng()})
-    assert sorted(os.listdir(tmp_path)) == ["latest.pdopt", "latest.pdparams", "latest.pdstates"]
+    assert os.listdir(tmp_path) == ["latest"]  # one directory, no temporary leftovers
+    assert sorted(os.listdir(tmp_path / "latest")) == ["manifest.json", "model.pdparams", "optimizer.pdopt",
+                                                       "states.pdstates"]
     model, opt, states = ckpt.load_checkpoint(prefix)
     assert states["epoch"] == 3 and float(model["w"].sum()) == 2.0
 

@@ -44,7 +44,8 @@ def test_short_training_lowers_the_loss_and_eval_reproduces(shapes, tmp_path):
     assert report["images"] == 5 and report["epochs"] == 3
     assert set(report) >= {"AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "seconds"}
     assert "top1" not in report
-    for name in ("latest.pdparams", "best.pdparams", "config.yaml", "classes.json", "detections_val.json"):
+    for name in ("latest/model.pdparams", "best/model.pdparams", "config.yaml", "classes.json",
+                 "detections_val.json"):
         assert os.path.isfile(os.path.join(out, name)), name
     classes = json.load(open(os.path.join(out, "classes.json")))
     assert classes == {"category_ids": [1, 3, 7], "names": ["circle", "square", "triangle"]}
@@ -100,7 +101,9 @@ def test_sharded_eval_counts_every_image_once(shapes, tmp_path):
     from ppdlx.data.coco import build_coco_loader
     from ppdlx.engine.coco_eval import coco_evaluate, merge_shards
     from ppdlx.engine.tasks.detection import build_detection_model, build_evaluator
-    cfg = load_config(DEMO, _overrides(shapes, str(tmp_path), "eval.batch_size=2", "detection.save_results=false"))
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    cfg = resolve_preprocessing(load_config(DEMO, _overrides(shapes, str(tmp_path), "eval.batch_size=2",
+                                                             "detection.save_results=false")))
     _save_random_weights(str(tmp_path / "w"))
     model = build_detection_model(cfg, 3)
     model.set_state_dict(paddle.load(str(tmp_path / "w.pdparams")))
@@ -165,7 +168,8 @@ def test_freeze_small_bn_keeps_fixed_statistics():
 def test_precise_bn_batches_are_training_images_through_the_eval_transform(shapes, tmp_path):
     from ppdlx.data.coco import build_coco_loader
     from ppdlx.engine.tasks.detection import build_precise_bn_loader
-    cfg = load_config(DEMO, _overrides(shapes, tmp_path, "eval.batch_size=6"))
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    cfg = resolve_preprocessing(load_config(DEMO, _overrides(shapes, tmp_path, "eval.batch_size=6")))
     loader = build_precise_bn_loader(cfg, 0, 1, None)
     first = [b[0].numpy() for b in loader]
     again = [b[0].numpy() for b in loader]

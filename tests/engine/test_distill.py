@@ -90,7 +90,7 @@ def test_distillation_trains_with_a_frozen_teacher_outside_the_checkpoint(tiny_t
     after = net.state_dict()
     assert max(float(np.abs(after[k].numpy() - v).max()) for k, v in teacher_before.items()) == 0.0
     # checkpoint = the student only: same keys and values as the student; no teacher sub-tree
-    saved = paddle.load(str(tmp_path / "run" / "latest.pdparams"))
+    saved = paddle.load(str(tmp_path / "run" / "latest" / "model.pdparams"))
     student = trainer.step.raw_model.state_dict()
     assert sorted(saved) == sorted(student) and not any("teacher" in k for k in saved)
     assert max(float(np.abs(np.asarray(saved[k]) - student[k].numpy()).max()) for k in saved) == 0.0

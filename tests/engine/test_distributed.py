@@ -73,7 +73,7 @@ def test_two_ranks_train_in_sync_and_count_every_val_image_once(odd_tree, tmp_pa
     assert abs(single_report["top1"] - counters[0]["top1"]) < 1e-9
     saved = np.load(out / "rank0.npz")
     import paddle
-    on_disk = paddle.load(str(out / "latest.pdparams"))
+    on_disk = paddle.load(str(out / "latest" / "model.pdparams"))
     assert all(np.array_equal(on_disk[k].numpy(), saved[k]) for k in saved.files)
 
 

@@ -62,7 +62,7 @@ def train_recording(cfg):
 
 
 def params(prefix):
-    return {k: np.asarray(v) for k, v in paddle.load(prefix + ".pdparams").items()}
+    return {k: np.asarray(v) for k, v in ckpt.read_pdparams(prefix).items()}
 
 
 def max_diff(a, b):
@@ -100,13 +100,15 @@ def test_static_and_to_static_losses_match_dynamic_step_by_step(runs):
     # the same files, the same progress lines
     static_dir = runs["static"]["dir"]
     for name in ("latest", "best", "epoch_1", "epoch_2"):
-        assert all((static_dir / f"{name}{s}").exists() for s in ckpt.SUFFIXES)
+        ckpt.verify(str(static_dir / name))  # complete: every file its manifest lists, intact
+        assert sorted(os.listdir(static_dir / name)) == ["manifest.json", "model.pdparams", "optimizer.pdopt",
+                                                         "states.pdstates"]
     records = [json.loads(line) for line in open(static_dir / "metrics.jsonl")]
     assert [r["kind"] for r in records].count("train") == 6 and [r["kind"] for r in records].count("eval") == 2
     assert all("ips_global" in r and "ips_per_device" in r for r in records if r["kind"] == "train")
     # optimizer state: the dynamic optimizer's layout and values (keys can differ in-process)
-    dyn_opt = paddle.load(str(runs["dynamic"]["dir"] / "latest.pdopt"))
-    st_opt = paddle.load(str(static_dir / "latest.pdopt"))
+    dyn_opt = paddle.load(str(runs["dynamic"]["dir"] / "latest" / "optimizer.pdopt"))
+    st_opt = paddle.load(str(static_dir / "latest" / "optimizer.pdopt"))
     assert dyn_opt["LR_Scheduler"] == st_opt["LR_Scheduler"]
     dyn_vals = [np.asarray(v) for k, v in dyn_opt.items() if k != "LR_Scheduler"]
     st_vals = [np.asarray(v) for k, v in st_opt.items() if k != "LR_Scheduler"]

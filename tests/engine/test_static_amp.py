@@ -107,8 +107,8 @@ def test_o2_master_weights_take_loaded_and_resumed_values(tmp_path):
         param = a.step.get_var(a.step.var_names[n])
         assert not np.array_equal(param, value) and np.abs(param - value).max() <= 2 ** -8 * np.abs(value).max()
     save(a)
-    pdparams = params_of(tmp_path / "latest.pdparams")
-    pdopt = paddle.load(str(tmp_path / "latest.pdopt"))
+    pdparams = params_of(tmp_path / "latest" / "model.pdparams")
+    pdopt = paddle.load(str(tmp_path / "latest" / "optimizer.pdopt"))
     for n, value in loaded.items():  # float32 masters in both files, as the dynamic trainer saves
         assert np.array_equal(pdparams[n], value), n
         assert np.array_equal(np.asarray(pdopt["master_weights"][a.step.dyn_names[n]]), value), n

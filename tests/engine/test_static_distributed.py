@@ -42,8 +42,8 @@ def test_two_static_ranks_match_dynamic_data_parallel(odd_tree, tmp_path):
     static_out, logs = launch(odd_tree, tmp_path, "static")
     assert "graph static (PIR)" in logs and "/device x 2)" in logs
     dynamic_out, _ = launch(odd_tree, tmp_path, "dynamic")
-    a = paddle.load(str(static_out / "latest.pdparams"))
-    b = paddle.load(str(dynamic_out / "latest.pdparams"))
+    a = paddle.load(str(static_out / "latest" / "model.pdparams"))
+    b = paddle.load(str(dynamic_out / "latest" / "model.pdparams"))
     assert a.keys() == b.keys()
     assert max(float(np.abs(np.asarray(a[k]) - np.asarray(b[k])).max()) for k in a) < 1e-5
     rs, rd = (json.loads((o / "report.json").read_text()) for o in (static_out, dynamic_out))

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from ppdlx.config import load_config
-from ppdlx.engine.checkpoint import load_states
+from ppdlx.engine.checkpoint import load_states, read_pdparams
 from ppdlx.engine.run import build_training
 from ppdlx.errors import UnsupportedError
 
@@ -35,7 +35,7 @@ def run_cli(args, **kw):
 
 
 def load_params(prefix):
-    return {k: np.asarray(v) for k, v in paddle.load(prefix + ".pdparams").items()}
+    return {k: np.asarray(v) for k, v in read_pdparams(prefix).items()}
 
 
 def test_kill_and_resume_gives_bit_identical_weights(tiny_tree, tmp_path):
@@ -48,12 +48,12 @@ def test_kill_and_resume_gives_bit_identical_weights(tiny_tree, tmp_path):
                              "-o", *tiny_overrides(tiny_tree, out, *extra)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    while not (out / "epoch_1.pdstates").exists():
+    while not (out / "epoch_1" / "manifest.json").exists():
         assert proc.poll() is None and time.time() < deadline, "run ended before epoch 1 was saved"
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not (out / "epoch_3.pdstates").exists(), "killed too late to test resume"
+    assert not (out / "epoch_3").exists(), "killed too late to test resume"
     resumed = run_cli(tiny_overrides(tiny_tree, out, *extra, "train.resume=auto"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout

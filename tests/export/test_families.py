@@ -24,8 +24,10 @@ D0_ANCHORS = {"min_level": 3, "max_level": 7, "num_scales": 3,
 
 
 def _cfg(*overrides):
-    return load_config(None, ["model.num_classes=3", "data.transforms.crop_size=64", "data.transforms.resize_short=72",
-                              "data.root=/nonexistent", "global.seed=3", *overrides])
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # the nulls: the model's default_cfg
+    return resolve_preprocessing(load_config(None, [
+        "model.num_classes=3", "data.transforms.crop_size=64", "data.transforms.resize_short=72",
+        "data.root=/nonexistent", "global.seed=3", *overrides]))
 
 
 class SpecOnlyDetector(paddle.nn.Layer):

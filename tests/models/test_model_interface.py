@@ -69,7 +69,8 @@ def test_default_cfg(name):
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_default_cfg_is_what_the_training_recipe_uses(name):
-    cfg = load_config(os.path.join(ROOT, RECIPES[name]))
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    cfg = resolve_preprocessing(load_config(os.path.join(ROOT, RECIPES[name])))  # what training reads
     assert cfg.model.name == name
     default, t = MODELS.build(name).default_cfg, cfg.data.transforms
     size = cfg.data.coco.image_size if default["task"] == "detection" else t.crop_size

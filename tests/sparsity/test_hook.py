@@ -218,7 +218,7 @@ def test_masks_survive_static_graph_training_with_ema(tmp_path):
     assert seen == [1, 2] and len(asp.masks) == 16
     rows = {r["layer"]: r for r in asp.layer_report()}
     assert rows["stages.3.0.conv2.conv"]["status"] == "2:4" and rows["fc"]["status"] == "dense"
-    state = paddle.load(str(tmp_path / "latest.pdparams"))
+    state = paddle.load(str(tmp_path / "latest" / "model.pdparams"))
     for k, mask in asp.masks.items():
         assert not np.asarray(state[k])[~mask].any()
 

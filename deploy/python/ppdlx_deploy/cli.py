@@ -65,7 +65,47 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=100)
     p.add_argument("--batch-sizes", default=None, help="benchmark batch sizes, e.g. 1,8 (default --batch-size)")
     p.add_argument("--report", help="benchmark: write JSON rows here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_numbers(args)
+    return args
+
+
+# Options that must be at least this (None: not given, the default applies).
+MINIMUM = {"batch_size": 1, "threads": 1, "topk": 1, "warmup": 0, "repeats": 1, "calib_batches": 1, "gpu_mem_mb": 1,
+           "trt_max_batch": 1, "trt_workspace_bytes": 1}
+
+
+def check_numbers(args) -> None:
+    """Counts and sizes out of range are one line naming the option, before any model is loaded."""
+    for name, least in MINIMUM.items():
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise DeployError(f"--{name.replace('_', '-')} {value}: must be {least} or more")
+    if args.batch_sizes is not None:
+        try:
+            sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1:
+            raise DeployError(f"--batch-sizes {args.batch_sizes}: give positive integers, e.g. 1,8")
+    for option, path, directory in (("--report", args.report, False), ("--output-dir", args.output_dir, True)):
+        if path:
+            check_writable(option, path, directory)
+
+
+def check_writable(option: str, path: str, directory: bool) -> None:
+    """Create ``path`` (a directory) or the folder of ``path`` (a file) now, so an unwritable output is one line
+    before the model runs, not a traceback after it."""
+    folder = path if directory else (os.path.dirname(os.path.abspath(path)))
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise DeployError(f"{option} {path}: {folder} is a file, not a directory; choose a writable path")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise DeployError(f"{option} {path}: cannot create {err.filename or folder} ({err.strerror}); choose a "
+                          f"writable path") from None
+    if not directory and os.path.isdir(path):
+        raise DeployError(f"{option} {path}: is a directory; give a file name")
 
 
 def plan_options(args) -> dict:
@@ -104,8 +144,8 @@ def _print_results(family: str, batch, images, results, output_dir) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    check_backend_available(args.backend)  # what this build cannot run is said whatever the export holds
     meta = load_meta(args.model_dir)
-    check_backend_available(args.backend)
     paths = list_images(args.input) if args.input else []
     if not paths and not (args.benchmark and args.synthetic):
         raise DeployError("--input is required (or --benchmark --synthetic)")

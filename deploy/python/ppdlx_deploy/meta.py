@@ -9,18 +9,33 @@ from typing import Optional
 import yaml
 
 from .errors import DeployError
+from .integrity import REEXPORT, check_export_files, parse_program_desc
 
 META_FILE = "inference.yml"
+# The sections every reader here relies on, and their types.
+REQUIRED_SECTIONS = {"model": dict, "inputs": list, "outputs": list, "preprocess": dict, "postprocess": dict}
 
 
 def load_meta(model_dir: str) -> dict:
     path = os.path.join(model_dir, META_FILE)
     if not os.path.isfile(path):
         raise DeployError(f"{model_dir}: no {META_FILE} (export with tools/export_model.py)")
-    with open(path, encoding="utf-8") as f:
-        meta = yaml.safe_load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = yaml.safe_load(f)
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise DeployError(f"{path}: not valid YAML{where} ({problem}): damaged or edited by hand; {REEXPORT}") from None
     if not isinstance(meta, dict) or meta.get("ppdlx_inference") != 1:
-        raise DeployError(f"{path}: not a ppdlx inference.yml (schema version 1)")
+        raise DeployError(f"{path}: not a ppdlx inference.yml (no 'ppdlx_inference: 1' mapping); {REEXPORT}")
+    for key, kind in REQUIRED_SECTIONS.items():
+        if not isinstance(meta.get(key), kind):
+            state = "missing" if key not in meta else f"a {type(meta[key]).__name__}, not a {kind.__name__}"
+            raise DeployError(f"{path}: section '{key}' is {state}; {REEXPORT}")
+    if not meta["model"].get("family"):
+        raise DeployError(f"{path}: model.family is missing; {REEXPORT}")
     return meta
 
 
@@ -34,7 +49,9 @@ def graph_roles(meta: dict, backend: str) -> list:
 
 
 def model_files(model_dir: str, meta: Optional[dict] = None) -> dict:
-    """``{"format": "pir"|"program", "model_file", "params_file"}`` decided by the files present."""
+    """``{"format": "pir"|"program", "model_file", "params_file"}`` decided by the files present, checked
+    against what the export wrote (:func:`ppdlx_deploy.integrity.check_export_files`) before a runtime
+    reads them."""
     prefix = "inference"
     if meta:
         prefix = os.path.splitext(meta["model"]["params_file"])[0]
@@ -46,8 +63,11 @@ def model_files(model_dir: str, meta: Optional[dict] = None) -> dict:
         raise DeployError(f"{model_dir}: both {prefix}.json and {prefix}.pdmodel exist; remove the stale one")
     params = os.path.join(model_dir, prefix + ".pdiparams")
     if not os.path.isfile(params):
-        raise DeployError(f"{model_dir}: {prefix}.pdiparams is missing")
-    return {"format": found[0][0], "model_file": found[0][1], "params_file": params}
+        raise DeployError(f"{model_dir}: {prefix}.pdiparams is missing next to {os.path.basename(found[0][1])}; "
+                          f"{REEXPORT}")
+    files = {"format": found[0][0], "model_file": found[0][1], "params_file": params}
+    check_export_files(files, meta)
+    return files
 
 
 def program_op_types(model_file: str) -> set:
@@ -55,12 +75,12 @@ def program_op_types(model_file: str) -> set:
     legacy .pdmodel is a ProgramDesc protobuf. (Its op_version_map lists every registered op,
     quantize ops included, so a byte search there would call every legacy program quantised.)"""
     if model_file.endswith(".json"):
-        with open(model_file, encoding="utf-8") as f:
-            return set(re.findall(r'"#":"\d+\.(\w+)"', f.read()))
-    from paddle.base.proto import framework_pb2
-    program = framework_pb2.ProgramDesc()
-    with open(model_file, "rb") as f:
-        program.ParseFromString(f.read())
+        try:
+            with open(model_file, encoding="utf-8") as f:
+                return set(re.findall(r'"#":"\d+\.(\w+)"', f.read()))
+        except UnicodeDecodeError:
+            raise DeployError(f"{model_file}: not a PIR program (not UTF-8 text); {REEXPORT}") from None
+    program = parse_program_desc(model_file)
     return {op.type for block in program.blocks for op in block.ops}
 
 

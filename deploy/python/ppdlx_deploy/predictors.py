@@ -12,6 +12,7 @@ import numpy as np
 from . import trt as T
 from .config_calls import apply_plan
 from .errors import DeployError, UnsupportedError
+from .integrity import check_onnx_file, runtime_load_error
 from .meta import load_meta, model_files
 from .plan import build_plan, check_backend_available, default_threads
 
@@ -34,6 +35,17 @@ class _executor_flags:
             import paddle
             paddle.set_flags({"FLAGS_new_executor_serial_run": self.previous})
         return False
+
+
+def _create_paddle_predictor(pi, config, files: dict):
+    """``pi.create_predictor`` with a failure to read the files as one line naming the file."""
+    try:
+        return pi.create_predictor(config)
+    except (RuntimeError, ValueError, OSError) as err:
+        error = runtime_load_error(files, err)
+        if error is None:
+            raise
+        raise error from None
 
 
 class PaddlePredictor:
@@ -67,7 +79,7 @@ class PaddlePredictor:
         config.disable_glog_info()
         self.config = config
         with _executor_flags(self._serial_run):
-            self.predictor = pi.create_predictor(config)
+            self.predictor = _create_paddle_predictor(pi, config, self.files)
         self.input_names = list(self.predictor.get_input_names())
         self.output_names = list(self.predictor.get_output_names())
         self._inputs = {n: self.predictor.get_input_handle(n) for n in self.input_names}
@@ -80,7 +92,7 @@ class PaddlePredictor:
         os.makedirs(os.path.dirname(os.path.abspath(shape_file)), exist_ok=True)
         config = pi.Config(self.plan["model_file"], self.plan["params_file"])
         apply_plan(config, self.plan["collect_calls"])
-        predictor = pi.create_predictor(config)
+        predictor = _create_paddle_predictor(pi, config, self.files)
         for feeds in sample_feeds:
             for name in predictor.get_input_names():
                 h = predictor.get_input_handle(name)
@@ -114,12 +126,18 @@ class OnnxPredictor:
         onnx_file = onnx_file or os.path.join(model_dir, self.meta["model"].get("onnx_file") or "inference.onnx")
         if not os.path.isfile(onnx_file):
             raise DeployError(f"{onnx_file}: not found (export with tools/export_model.py --onnx)")
+        check_onnx_file(onnx_file)
         options = ort.SessionOptions()
         options.intra_op_num_threads = int(threads or default_threads())
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
-        self.session = ort.InferenceSession(onnx_file, options, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(onnx_file, options, providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) derive from Exception only
+            first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+            raise DeployError(f"{onnx_file}: onnxruntime cannot load it ({first[:160]}); re-export the model with "
+                              f"tools/export_model.py --onnx") from None
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.plan = {"backend": "onnxruntime", "engine": "onnxruntime", "precision": "fp32",

@@ -68,6 +68,15 @@ class Task:
     def start(self, cfg, data: TaskData) -> None:
         """Rank 0, once the run is built: files the task writes next to the checkpoints."""
 
+    def hooks(self, cfg, data: TaskData) -> list:
+        """Trainer hooks of this task (every rank), e.g. one whose state every checkpoint must carry."""
+        return []
+
+    def saved_class_names(self, cfg, weights):
+        """The class names saved with the checkpoint ``weights``, checked against the config's data where it
+        exists (one-line ``DataError`` naming what differs); None when the checkpoint carries none."""
+        return None
+
     def describe(self, cfg, data: TaskData) -> str:
         """Extra words for the run's one-line summary (after the parameter count)."""
         return ""

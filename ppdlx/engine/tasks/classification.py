@@ -1,8 +1,11 @@
 """The classification task (``data.dataset: image_folder``): top-1/top-5, label-smoothed
-cross-entropy with mixup, knowledge distillation, every graph mode."""
+cross-entropy with mixup, knowledge distillation, every graph mode. Every checkpoint carries the
+training class list, which evaluation, resume and export check against the class folders
+(``class_list``)."""
 from __future__ import annotations
 
 import inspect
+import os
 
 from ppdlx.data.loader import build_classification_loader
 from ppdlx.engine.amp import build_scaler
@@ -10,6 +13,7 @@ from ppdlx.engine.builders import build_model
 from ppdlx.engine.evaluator import ClassificationEvaluator
 from ppdlx.engine.objectives import ClassificationObjective
 from ppdlx.engine.tasks.base import Task, TaskData
+from ppdlx.engine.tasks.class_list import ClassList, check_eval_classes, checked_class_names
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.losses import build_loss
 from ppdlx.optim import param_groups
@@ -66,6 +70,15 @@ class Classification(Task):
     def build_model(self, cfg, num_classes: int):
         return build_model(cfg, num_classes)
 
+    def hooks(self, cfg, data: TaskData) -> list:
+        classes = classes_of(data.train_loader)
+        if classes is None:  # synthetic data: no class folders
+            return []
+        return [ClassList(classes, os.path.join(cfg.data.root, cfg.data.train_split))]
+
+    def saved_class_names(self, cfg, weights):
+        return checked_class_names(cfg, weights)
+
     def build_objective(self, cfg, model, data: TaskData, world: int):
         criterion = build_loss(cfg, data.num_classes)
         if cfg.distill.enabled:
@@ -88,8 +101,11 @@ class Classification(Task):
                 "class_names": list(names)}
 
     def build_eval_data(self, cfg, rank: int, world: int):
-        return build_classification_loader(cfg, "val", rank, world, batch_size=cfg.eval.batch_size), \
-            cfg.model.num_classes
+        loader = build_classification_loader(cfg, "val", rank, world, batch_size=cfg.eval.batch_size)
+        classes = classes_of(loader)
+        if classes is not None:
+            check_eval_classes(cfg, cfg.model.weights, classes, os.path.join(cfg.data.root, cfg.data.val_split))
+        return loader, cfg.model.num_classes
 
     def program_spec(self, cfg, num_classes: int):
         from ppdlx.engine.static.program import ProgramSpec
