@@ -11,11 +11,11 @@ the file's leaves the classifier out: train with ``-o model.weights=PREFIX model
 """
 import argparse
 
-from _cli import run, write_report
+from _cli import ToolParser, run, write_report
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--from", dest="source", required=True, metavar="SOURCE", help="checkpoint layout")
     parser.add_argument("src", metavar="SRC", help="checkpoint file (.pth, .pth.tar, .safetensors, .pdparams)")
     parser.add_argument("--model", required=True, help="ppdlx model name, e.g. resnet50, gpunet_0, efficientdet_d0")

@@ -192,7 +192,7 @@ def classify(args, cfg, model):
     if output_format == "csv":
         write_predictions_csv(args.output, predictions)
     elif output_format == "json":
-        write_report(args.output, report)
+        write_report(args.output, report, "--output")
     print(f"{len(paths)} images, top-{k} of {num_classes} classes" + (f" -> {args.output}" if args.output else ""))
     write_report(args.report, report)
 

@@ -126,6 +126,27 @@ _DATASET_KINDS = {"coco": _DatasetKind("detection", _scan_coco, True),
                   "image_folder": _DatasetKind("classification", _scan_image_folder, False)}
 
 
+# What to do about classes without images (categories without boxes) in a split: labels are positions in the
+# sorted folder names (category ids), so a class can only go from every split at once.
+_EMPTY_CLASS_FIX = {
+    "classification": lambda n: (f"add images to {'that folder' if n == 1 else 'those folders'} or remove "
+                                 f"{'it' if n == 1 else 'them'} from every split (class indices follow the sorted "
+                                 f"folder names)"),
+    "detection": lambda n: (f"add boxes of {'it' if n == 1 else 'them'} to the json or remove "
+                            f"{'it' if n == 1 else 'them'} from 'categories' in every split's json (class indices "
+                            f"follow the sorted category ids)"),
+}
+
+
+def _no_boxes(split: SplitReport) -> str:
+    """A training json of which no box is usable: a detector has nothing to learn (not one class of many)."""
+    left_out = f", {_count(len(split.invalid), 'invalid annotation/image', 'invalid annotations/images')} left " \
+               f"out (first: {split.invalid[0][3]})" if split.invalid else ""
+    return (f"{split.source}: no box to train on ({_count(split.images, 'usable image')}, 0 valid annotations"
+            f"{left_out}); a detector needs boxes: add annotations to the json"
+            + (" or fix the invalid ones" if split.invalid else ""))
+
+
 def _judge(report: DataReport, cfg) -> None:
     train, val = report.splits["train"], report.splits["val"]
     kind, plural = ("category", "categories") if report.task == "detection" else ("class", "classes")
@@ -135,14 +156,19 @@ def _judge(report: DataReport, cfg) -> None:
             report.problems.append(split.error)
             continue
         empty = [c for c, n in zip(split.classes, split.class_counts) if n == 0]
-        if empty:
+        detection = report.task == "detection"
+        if detection and split is train and split.classes and not any(split.class_counts):
+            report.problems.append(_no_boxes(split))
+        elif empty:
             # Training would learn nothing of such a class. A val class folder without images is a stop too: its
             # accuracy would leave the class out unnoticed (often the folder holds files of another extension).
             # COCO evaluation already scores a category without val boxes as absent (-1), so that one warns.
-            detection = report.task == "detection"
             names = quoted(empty) if detection else describe_classes_without_images(split.source, empty)
-            where = report.warnings if detection and split is val else report.problems
-            where.append(f"{split.source}: {_count(len(empty), kind, plural)} without {has} ({names})")
+            line = f"{split.source}: {_count(len(empty), kind, plural)} without {has} ({names})"
+            if detection and split is val:
+                report.warnings.append(line)
+            else:
+                report.problems.append(f"{line}; {_EMPTY_CLASS_FIX[report.task](len(empty))}")
         _judge_files(report, split, cfg)
     if train.classes and val.classes and not train.error and not val.error:
         if report.task == "detection" and train.cat_ids != val.cat_ids:
@@ -184,7 +210,8 @@ def _judge_files(report: DataReport, split: SplitReport, cfg) -> None:
         first = f"annotation id {ann_id}, image id {image_id}" if ann_id is not None else f"image id {image_id}"
         msg = f"{split.source}: {entries} (first: {first}: {reason})"
         if cfg.data.coco.invalid == "error":
-            report.problems.append(msg + "; data.coco.invalid=error stops on them")
+            report.problems.append(msg + "; data.coco.invalid=error stops on them: fix them in the json, or set "
+                                         "data.coco.invalid=skip to train without them")
         else:
             report.warnings.append(msg + "; left out (data.coco.invalid=skip)")
     if split.size_mismatch:

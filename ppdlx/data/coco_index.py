@@ -4,9 +4,11 @@ An annotation with a zero/negative-size or malformed box, a box outside the imag
 1 px; up to 1 px is clipped) or an unknown category id, an image whose file is missing, and an
 image whose ``width``/``height`` disagree with its file, is reported with the json file,
 annotation id and image (``data.coco.invalid: skip``: logged and left out; ``error``:
-``DataError``). Each image's size is read from its file header (PIL opens lazily: the header
-only), once: boxes are checked against the real image, and an image the json gives no size
-fills it in from the file. A json size that disagrees (swapped, or another image's) means the
+``DataError``); so is an annotation whose ``image_id`` no image has (counted in one line). Two
+images with one id stop whatever the switch says: their annotations cannot be assigned. When no
+image is left, the error counts the images left out per reason. Each image's size is read from its
+file header (PIL opens lazily: the header only), once: boxes are checked against the real image, and
+an image the json gives no size fills it in from the file. A json size that disagrees (swapped, or another image's) means the
 boxes were drawn for some other picture, so that image is not trained on (PaddleDetection's
 reader clips boxes to the json size and its decoder then warns per sample, every epoch). Category ids map to contiguous 0-based class indices in
 ascending id order (``cat_ids[label]`` maps back). Both loaders (paddle.io and DALI) read a
@@ -85,21 +87,28 @@ def header_size(path: str):
         return None  # the loaders report an undecodable file by name when they reach it
 
 
+# Why an image is left out (counted for the line that says why none is left, if none is).
+_NO_FILE = "no file"
+_UNSIZED = "no width/height in the json and an unreadable file header"
+_MISSIZED = "json width/height that disagree with the file"
+
+
 def _checked_size(info: dict, path: str):
     """``(width, height)`` of an image: the json's when it has them (checked against the file header), else the
-    file's; a str saying what is wrong when the two disagree or neither is known."""
+    file's; ``(_UNSIZED | _MISSIZED, what is wrong)`` when the two disagree or neither is known."""
     json_w, json_h = info.get("width"), info.get("height")
     file_size = header_size(path)
     if not (_positive_number(json_w) and _positive_number(json_h)):
         if file_size is None:
-            return (f"no valid width/height in the json ({json_w!r} x {json_h!r}) and the file's header cannot "
-                    f"be read")
+            return _UNSIZED, (f"no valid width/height in the json ({json_w!r} x {json_h!r}) and the file's header "
+                              f"cannot be read")
         return float(file_size[0]), float(file_size[1])
     if file_size is not None and (round(json_w), round(json_h)) != tuple(file_size):
         swapped = (round(json_h), round(json_w)) == tuple(file_size)
-        return (f"the json says {json_w}x{json_h} but the file is {file_size[0]}x{file_size[1]}"
-                f"{' (width and height swapped: an EXIF-rotated photo?)' if swapped else ''}, so its boxes do not "
-                f"fit the picture: correct width/height (and the boxes) for this image in the json")
+        return _MISSIZED, (f"the json says {json_w}x{json_h} but the file is {file_size[0]}x{file_size[1]}"
+                           f"{' (width and height swapped: an EXIF-rotated photo?)' if swapped else ''}, so its "
+                           f"boxes do not fit the picture: correct width/height (and the boxes) for this image in "
+                           f"the json")
     return float(json_w), float(json_h)
 
 
@@ -121,8 +130,10 @@ class CocoIndex:
             diff = "; ".join(f"{what} {quoted(ids)}" for what, ids in (("missing", missing), ("extra", extra)) if ids)
             raise DataError(f"{json_path}: category ids differ from the training split's ({diff}); both splits must "
                             f"list the same categories")
+        _refuse_duplicate_image_ids(json_path, coco.dataset.get("images") or [])
         label_of = {cid: i for i, cid in enumerate(self.cat_ids)}
         self.invalid: list = []  # (json, annotation id or None, image id, file name, reason)
+        left_out_images = {}     # why an image was left out -> [count, first (image id, file name, reason)]
         self.records = []        # dicts: id, file, path, width, height, boxes xyxy, labels, crowd, ann_ids
         kept_anns = []
         sized_from_file = 0
@@ -131,11 +142,11 @@ class CocoIndex:
             name = info.get("file_name", "")
             path = os.path.join(image_dir, name)
             if not name or not os.path.isfile(path):
-                self._report(invalid, None, image_id, name, f"image file {path} not found")
+                self._leave_out(left_out_images, _NO_FILE, invalid, image_id, name, f"image file {path} not found")
                 continue
             size = _checked_size(info, path)
-            if isinstance(size, str):
-                self._report(invalid, None, image_id, name, size)
+            if isinstance(size[0], str):
+                self._leave_out(left_out_images, size[0], invalid, image_id, name, size[1])
                 continue
             width, height = size
             if not _positive_number(info.get("width")) or not _positive_number(info.get("height")):
@@ -166,11 +177,12 @@ class CocoIndex:
         if len(self.invalid) > MAX_REPORTED:
             log.warning("%s: %d invalid annotations/images skipped in total (first %d listed above)",
                         json_path, len(self.invalid), MAX_REPORTED)
+        self._leave_out_orphans(coco, invalid)
         if sized_from_file:
             log.warning("%s: %d image(s) without a width/height in the json: their sizes were read from the image "
                         "files", json_path, sized_from_file)
         if not self.records:
-            raise DataError(f"{json_path}: no usable images (image files under {image_dir})")
+            raise DataError(_no_usable_images(json_path, image_dir, len(coco.imgs), left_out_images))
         self.gt_dataset = {
             "info": coco.dataset.get("info", {}), "categories": cats,
             "images": [dict(coco.imgs[r["id"]], width=int(r["width"]), height=int(r["height"]))
@@ -179,9 +191,30 @@ class CocoIndex:
         }
         self._coco_gt = None
 
+    def _leave_out(self, left_out: dict, why: str, mode, image_id, name, reason) -> None:
+        """An image not trained on: reported as any invalid entry, and counted by ``why`` for the line that says
+        why no image is left, if none is."""
+        self._report(mode, None, image_id, name, reason)
+        tally = left_out.setdefault(why, [0, (image_id, name, reason)])
+        tally[0] += 1
+
+    def _leave_out_orphans(self, coco, mode) -> None:
+        """Annotations whose ``image_id`` no image has (pycocotools' ``createIndex`` files them under that id and
+        nothing reads them): one line with their count and the first; ``data.coco.invalid=error`` stops."""
+        orphans = [a for a in coco.dataset.get("annotations") or [] if a.get("image_id") not in coco.imgs]
+        if not orphans:
+            return
+        reason = "no image in the json's 'images' has this id"
+        first = orphans[0]
+        if mode == "error":
+            self._report(mode, first.get("id"), first.get("image_id"), "", reason)
+        self.invalid += [(self.json_path, a.get("id"), a.get("image_id"), "", reason) for a in orphans]
+        log.warning("%s: %d annotation(s) of an image id that no image has (first: annotation id %s, image id %s); "
+                    "left out", self.json_path, len(orphans), first.get("id"), first.get("image_id"))
+
     def _report(self, mode, ann_id, image_id, name, reason):
-        what = f"annotation id {ann_id} (image id {image_id}, {name})" if ann_id is not None else \
-            f"image id {image_id} ({name or 'no file_name'})"
+        what = f"annotation id {ann_id} (image id {image_id}{', ' + name if name else ''})" if ann_id is not None \
+            else f"image id {image_id} ({name or 'no file_name'})"
         if mode == "error":
             raise DataError(f"{self.json_path}: {what}: {reason}; fix the annotation file or set "
                             f"data.coco.invalid=skip to leave such entries out")
@@ -199,6 +232,36 @@ class CocoIndex:
     @property
     def image_ids(self):
         return [r["id"] for r in self.records]
+
+
+def _refuse_duplicate_image_ids(json_path: str, images: list) -> None:
+    """Two images with one id: their annotations cannot be told apart (pycocotools' ``createIndex`` keeps the last
+    image of an id and gives it the boxes of both), so this stops whatever ``data.coco.invalid`` says."""
+    first_of, duplicates = {}, []
+    for image in images:
+        image_id = image.get("id")
+        if image_id in first_of:
+            duplicates.append((image_id, first_of[image_id].get("file_name"), image.get("file_name")))
+        else:
+            first_of[image_id] = image
+    if duplicates:
+        image_id, first, second = duplicates[0]
+        more = f" ({len(duplicates)} duplicate image ids in total)" if len(duplicates) > 1 else ""
+        raise DataError(f"{json_path}: duplicate image id {image_id!r}: images {first!r} and {second!r}{more}; their "
+                        f"annotations cannot be assigned to one of them: give every image its own id and point each "
+                        f"annotation's image_id at its image")
+
+
+def _no_usable_images(json_path: str, image_dir: str, listed: int, left_out: dict) -> str:
+    """Why a json left no image to read: how many images went for each reason, the first, and the fix."""
+    if not listed:
+        return f"{json_path}: no usable images: its 'images' list is empty; add the images (file_name, width, height)"
+    counts = ", ".join(f"{n} whose file is not under {image_dir}" if why == _NO_FILE else f"{n} with {why}"
+                       for why, (n, _) in sorted(left_out.items(), key=lambda kv: -kv[1][0]))
+    image_id, name, reason = max(left_out.values(), key=lambda tally: tally[0])[1]
+    return (f"{json_path}: no usable images: all {listed} images were left out ({counts}; first: image id "
+            f"{image_id} ({name or 'no file_name'}): {reason}); fix the json's images (file_name, width, height) or "
+            f"the image files, then run tools/check_data.py")
 
 
 def coco_paths(cfg, split: str):

@@ -220,6 +220,9 @@ def evaluate(cfg, analysis_dir: str | None = None) -> dict:
     model = task.build_model(cfg, num_classes)
     task.prepare_model(cfg, model)
     ckpt.load_weights(model, cfg.model.weights)
+    # Training checks its weights each step; a checkpoint given here may come from anywhere (a diverged run's).
+    from ppdlx.export.checks import check_finite_weights
+    check_finite_weights(model, cfg.model.weights, use="evaluate")
     start = time.perf_counter()
     evaluator = task.build_evaluator(cfg, model, loader, env.rank, env.world_size)
     if analysis_dir:

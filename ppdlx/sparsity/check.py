@@ -20,6 +20,9 @@ What is checked, by source:
   matmul is the classifier. Parameter names there are program names (``conv2d_5.w_0``),
   shown with the op's layer path when the program records it.
 
+An export's files are checked first as deploy checks them (:mod:`ppdlx.sparsity.export_files`), so a damaged
+``.pdiparams``/``.json``/``.pdmodel``/``.onnx`` is one line naming it.
+
 A weight passes when no group of ``m`` consecutive input channels holds more than
 ``n`` non-zeros (what TensorRT's sparse kernels require).
 """
@@ -36,6 +39,7 @@ import paddle
 from ppdlx.engine.checkpoint_files import locate, read_checkpoint
 from ppdlx.engine.checkpoint_unit import CheckpointError, is_unit
 from ppdlx.errors import DataError, UnsupportedError
+from ppdlx.sparsity.export_files import REEXPORT_ONNX, check_inference_files, read_onnx
 from ppdlx.sparsity.masks import density, nm_violations, unpack_mask
 from ppdlx.sparsity.rules import SparsityRules, scan_model
 
@@ -272,6 +276,7 @@ def _inference_targets(prefix: str, rules: SparsityRules):
                                f"sets it itself)")
     if not pir and not has_pdmodel:
         raise UnsupportedError(f"--check {prefix}.json: a PIR (.json) model needs FLAGS_enable_pir_api=1")
+    check_inference_files(prefix, ".json" if pir else ".pdmodel")
     was_dynamic = paddle.in_dynamic_mode()
     paddle.enable_static()
     try:
@@ -315,7 +320,7 @@ def _onnx_targets(path: str, rules: SparsityRules):
     and ``MatMul``/``Gemm``, judged by shape like an exported program's; the last matmul is the classifier."""
     import onnx
     from onnx import numpy_helper
-    graph = onnx.load(path).graph
+    graph = read_onnx(path).graph
     arrays = {t.name: t for t in graph.initializer}
     arrays.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute
                    if a.name == "value"})
@@ -329,7 +334,10 @@ def _onnx_targets(path: str, rules: SparsityRules):
     last_linear = max((i for i, u in enumerate(uses) if u[0] == "linear"), default=None)
     targets, seen = [], set()
     for i, (kind, name, groups, transposed) in enumerate(uses):
-        arr = numpy_helper.to_array(arrays[name]).astype(np.float32)
+        try:
+            arr = numpy_helper.to_array(arrays[name]).astype(np.float32)
+        except ValueError as err:  # raw data shorter than the shape says: a file cut where protobuf still parses
+            raise DataError(f"--check {path}: weight '{name}' is damaged ({err}); {REEXPORT_ONNX}") from None
         if name in seen or arr.ndim != (4 if kind == "conv2d" else 2):
             continue
         seen.add(name)

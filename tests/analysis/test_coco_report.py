@@ -135,7 +135,9 @@ def test_category_without_training_boxes_and_mismatch_stop(shapes):
                            "5", "--out", os.path.join(shapes["root"], "report"), "-o", f"data.root={shapes['root']}"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1] == f"error: {train_json}: 1 category without boxes ('triangle')"
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {train_json}: 1 category without boxes ('triangle'); add boxes of it to the json or remove it from "
+        f"'categories' in every split's json (class indices follow the sorted category ids)")
     row = next(r for r in proc.stdout.splitlines() if r.startswith("triangle "))
     assert row.split()[:4] == ["triangle", "0", "0", str(expected_stats(shapes["json"]["val"])["per_category"][2])]
     pytest.importorskip("matplotlib")
@@ -168,4 +170,27 @@ def test_size_that_disagrees_with_the_json_is_an_invalid_image(shapes):
            f"(data.coco.invalid=skip)" in report.warnings
     stop = check_data(cfg_for(shapes["root"], "data.coco.invalid=error"), decode=False, hash_files=False)
     assert f"{val_json}: 1 invalid annotation/image (first: image id {image['id']}: {reason}); data.coco.invalid=error " \
-           f"stops on them" in stop.problems
+           f"stops on them: fix them in the json, or set data.coco.invalid=skip to train without them" \
+           in stop.problems
+
+
+def test_a_training_json_without_any_box_is_one_line_with_the_fix(shapes):
+    # Before: "3 categories without boxes ('circle', 'square', 'triangle')", which names no fix and hides that
+    # nothing at all is left to train on.
+    train_json = shapes["json"]["train"]
+    data = load_json(train_json)
+    images = len(data["images"])
+    data["annotations"] = []
+    save_json(train_json, data)
+    report = check_data(cfg_for(shapes["root"]), decode=False, hash_files=False)
+    assert report.problems == [f"{train_json}: no box to train on ({images} usable images, 0 valid annotations); a "
+                               f"detector needs boxes: add annotations to the json"]
+    # every box invalid: the line says so, with the first reason
+    data["annotations"] = [{"id": k + 1, "image_id": im["id"], "category_id": data["categories"][0]["id"],
+                            "bbox": [0, 0, 0, 0], "area": 0.0, "iscrowd": 0} for k, im in enumerate(data["images"])]
+    save_json(train_json, data)
+    report = check_data(cfg_for(shapes["root"]), decode=False, hash_files=False)
+    assert report.problems == [
+        f"{train_json}: no box to train on ({images} usable images, 0 valid annotations, {images} invalid "
+        f"annotations/images left out (first: zero or negative size bbox [0, 0, 0, 0])); a detector needs boxes: add "
+        f"annotations to the json or fix the invalid ones"]

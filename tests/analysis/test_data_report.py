@@ -20,6 +20,8 @@ from tests.conftest import make_digits_tree
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "demo", "rn50_demo.yaml")
 CHECK = os.path.join(ROOT, "tools", "check_data.py")
+# what a class folder without images asks for: labels are positions in the sorted folder names
+EMPTY_FIX = "add images to that folder or remove it from every split (class indices follow the sorted folder names)"
 
 
 def overrides(root, *extra):
@@ -66,8 +68,8 @@ def test_counts_corrupt_duplicate_and_empty_class(faulty_tree):
     assert set(train.sizes.values()) == {(32, 32)} and len(train.sizes) == 64
     # the empty class stops training in either split (a val class without images would leave it out of the
     # accuracy); the rest are warnings
-    assert report.problems == [f"{os.path.join(root, 'train')}: 1 class without images ('4')",
-                               f"{os.path.join(root, 'val')}: 1 class without images ('4')"]
+    assert report.problems == [f"{os.path.join(root, 'train')}: 1 class without images ('4'); {EMPTY_FIX}",
+                               f"{os.path.join(root, 'val')}: 1 class without images ('4'); {EMPTY_FIX}"]
     assert any(w.startswith(f"{os.path.join(root, 'train')}: 1 file cannot be decoded; the loader skips them")
                for w in report.warnings)
     assert any(w.startswith("1 val image byte-identical to a training image") for w in report.warnings)
@@ -114,7 +116,7 @@ def test_unreadable_files_are_the_ones_the_dali_loader_skips(faulty_tree):
     train_dir, val_dir = (os.path.join(faulty_tree["root"], split) for split in ("train", "val"))
     stops = "1 file cannot be decoded and the data.backend=dali loader stops on them"
     assert [p.split(" (first:")[0] for p in stop.problems] == [
-        f"{train_dir}: 1 class without images ('4')", f"{train_dir}: {stops}", f"{val_dir}: {stops}"]
+        f"{train_dir}: 1 class without images ('4'); {EMPTY_FIX}", f"{train_dir}: {stops}", f"{val_dir}: {stops}"]
 
 
 def test_class_mismatch_missing_split_and_num_classes(tmp_path):
@@ -147,7 +149,8 @@ def test_tool_exit_codes_files_and_table(faulty_tree, tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert lines[-1] == (f"error: {os.path.join(faulty_tree['root'], 'train')}: 1 class without images ('4'); "
-                         f"{os.path.join(faulty_tree['root'], 'val')}: 1 class without images ('4')")
+                         f"{EMPTY_FIX}; {os.path.join(faulty_tree['root'], 'val')}: 1 class without images ('4'); "
+                         f"{EMPTY_FIX}")
     table = proc.stdout.splitlines()
     counts = expected_counts(faulty_tree["root"], "train")
     assert counts == [16, 16, 17, 16, 0]
@@ -174,8 +177,8 @@ def test_tool_exit_codes_files_and_table(faulty_tree, tmp_path):
 
 def test_check_before_training_logs_and_stops(faulty_tree, ppdlx_caplog):
     root = faulty_tree["root"]
-    message = (f"{os.path.join(root, 'train')}: 1 class without images ('4'); "
-               f"{os.path.join(root, 'val')}: 1 class without images ('4')")
+    message = (f"{os.path.join(root, 'train')}: 1 class without images ('4'); {EMPTY_FIX}; "
+               f"{os.path.join(root, 'val')}: 1 class without images ('4'); {EMPTY_FIX}")
     with pytest.raises(DataError, match=r"^" + re.escape(message) + "$"):
         check_before_training(cfg_for(root, "model.num_classes=5"))
     os.rmdir(os.path.join(root, "train", "4"))
@@ -202,5 +205,5 @@ def test_class_folders_of_non_image_files_are_named_in_either_split(tmp_path):
     report = check_data(cfg_for(root, "model.num_classes=3"), decode=False, hash_files=False)
     note = "(1 file, none with an image extension (.jpg, .jpeg, .png, .bmp, .webp, .ppm): e.g. '{}')"
     assert report.problems == [
-        f"{os.path.join(root, 'train')}: 1 class without images ('2' {note.format('scan.tif')})",
-        f"{os.path.join(root, 'val')}: 1 class without images ('2' {note.format('notes.txt')})"]
+        f"{os.path.join(root, 'train')}: 1 class without images ('2' {note.format('scan.tif')}); {EMPTY_FIX}",
+        f"{os.path.join(root, 'val')}: 1 class without images ('2' {note.format('notes.txt')}); {EMPTY_FIX}"]

@@ -21,5 +21,5 @@ def test_readme_commands_install_matplotlib():
     requirements = [ln.split("#")[0].strip() for ln in open(os.path.join(ROOT, "requirements.txt"), encoding="utf-8")]
     assert "matplotlib" in requirements
     for command in (install_and_demo, tests):
-        assert command.startswith("pip install -r requirements.txt && "), command
+        assert command.startswith("pip install -r requirements.txt "), command
 

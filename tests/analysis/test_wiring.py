@@ -57,8 +57,9 @@ def test_a_class_without_images_stops_training_in_one_line(tiny_tree, tmp_path):
     proc = tool("train.py", "-o", *tiny_overrides(root, tmp_path / "out", "train.epochs=1", "model.num_classes=5"))
     assert proc.returncode == 2, proc.stdout[-2000:]
     # the val folder too: a val class without images would leave the class out of the accuracy
-    assert proc.stderr.strip().splitlines()[-1] == (f"error: {root}/train: 1 class without images ('zz_empty'); "
-                                                    f"{root}/val: 1 class without images ('zz_empty')")
+    fix = "add images to that folder or remove it from every split (class indices follow the sorted folder names)"
+    assert proc.stderr.strip().splitlines()[-1] == (f"error: {root}/train: 1 class without images ('zz_empty'); {fix}; "
+                                                    f"{root}/val: 1 class without images ('zz_empty'); {fix}")
     assert "Traceback" not in proc.stderr and proc.stderr.count("error:") == 1
 
 

@@ -251,3 +251,52 @@ def test_val_categories_that_differ_from_train_are_named(tmp_path):
         CocoIndex(path, img_dir, cat_ids=[4, 7, 9])
     assert str(err.value) == (f"{path}: category ids differ from the training split's (missing 7); both splits must "
                               f"list the same categories")
+
+
+def test_duplicate_image_ids_are_an_error_naming_both_files(tmp_path):
+    # Before: pycocotools' createIndex kept the last image of the id and gave it the boxes of both, silently.
+    path = write_coco(str(tmp_path), [(1, "a.png", 100, 50, []), (1, "b.png", 100, 50, []), (2, "c.png", 100, 50, [])],
+                      [ann(1, 1, [10, 5, 30, 20]), ann(2, 2, [10, 5, 30, 20])])
+    for invalid in ("skip", "error"):
+        with pytest.raises(DataError) as err:
+            CocoIndex(path, os.path.join(str(tmp_path), "img"), invalid=invalid)
+        assert str(err.value) == (f"{path}: duplicate image id 1: images 'a.png' and 'b.png'; their annotations cannot "
+                                  f"be assigned to one of them: give every image its own id and point each "
+                                  f"annotation's image_id at its image")
+
+
+def test_annotations_of_absent_images_are_counted_in_one_line(tmp_path, ppdlx_caplog):
+    # Before: pycocotools filed them under their image id, nothing read them, and nothing said so.
+    anns = [ann(1, 1, [10, 5, 30, 20]), ann(10, 999, [10, 5, 30, 20]), ann(11, 998, [1, 1, 5, 5])]
+    path = write_coco(str(tmp_path), [(1, "a.png", 100, 50, [])], anns)
+    img_dir = os.path.join(str(tmp_path), "img")
+    index = CocoIndex(path, img_dir, invalid="skip")
+    assert [(r["id"], r["ann_ids"]) for r in index.records] == [(1, [1])]
+    reason = "no image in the json's 'images' has this id"
+    assert [i[1:] for i in index.invalid] == [(10, 999, "", reason), (11, 998, "", reason)]
+    lines = [r.getMessage() for r in ppdlx_caplog.records if "no image has" in r.getMessage()]
+    assert lines == [f"{path}: 2 annotation(s) of an image id that no image has (first: annotation id 10, image id "
+                     f"999); left out"]
+    with pytest.raises(DataError) as err:
+        CocoIndex(path, img_dir, invalid="error")
+    assert str(err.value) == (f"{path}: annotation id 10 (image id 999): {reason}; fix the annotation file or set "
+                              f"data.coco.invalid=skip to leave such entries out")
+
+
+def test_no_usable_image_says_how_many_went_for_which_reason(tmp_path):
+    # Before: "no usable images (image files under ...)", whatever the reason.
+    path, img_dir = _three_images(tmp_path)
+    _edit_images(path, **{"1": {"width": 50, "height": 25}, "2": {"width": 50, "height": 25}})
+    os.remove(os.path.join(img_dir, "3.png"))
+    with pytest.raises(DataError) as err:
+        CocoIndex(path, img_dir, invalid="skip")
+    assert str(err.value) == (
+        f"{path}: no usable images: all 3 images were left out (2 with json width/height that disagree with the "
+        f"file, 1 whose file is not under {img_dir}; first: image id 1 (1.png): the json says 50x25 but the file is "
+        f"100x50, so its boxes do not fit the picture: correct width/height (and the boxes) for this image in the "
+        f"json); fix the json's images (file_name, width, height) or the image files, then run tools/check_data.py")
+    empty = write_coco(str(tmp_path / "empty"), [], [])
+    with pytest.raises(DataError) as err:
+        CocoIndex(empty, img_dir)
+    assert str(err.value) == (f"{empty}: no usable images: its 'images' list is empty; add the images (file_name, "
+                              f"width, height)")

@@ -1,0 +1,80 @@
+"""tools/_cli.py: every tool that takes ``--report`` checks, before any work, that the report can be written (a
+report under a regular file was a FileExistsError traceback after the whole evaluation); a report that still
+cannot be written at the end is one line too."""
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ppdlx.errors import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(ROOT, "configs", "demo", "rn50_demo.yaml")
+NEVER = "/nonexistent/never_read"  # nothing may be read before the report path is checked
+
+# Each tool with --report, with the arguments it requires (pointing at nothing: the check comes first).
+TOOLS = {
+    "train.py": ["-c", CONFIG, "-o", f"data.root={NEVER}"],
+    "eval.py": ["-c", CONFIG, "-o", f"model.weights={NEVER}"],
+    "export_model.py": ["-c", CONFIG, "-o", f"model.weights={NEVER}"],
+    "quantize.py": ["-c", CONFIG, "-o", f"model.weights={NEVER}", "--calib-images", NEVER, "--output-dir", NEVER],
+    "check_data.py": ["-c", CONFIG, "-o", f"data.root={NEVER}"],
+    "model_info.py": ["-c", CONFIG],
+    "infer.py": ["--image", NEVER],
+    "prune_asp.py": ["--check", NEVER],
+    "convert_weights.py": ["--from", "torchvision", NEVER + ".pth", "--model", "resnet50", "--output", NEVER],
+    "benchmark.py": ["train", "-c", CONFIG],
+}
+
+
+def run_tool(name, *args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "tools", name), *map(str, args)], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+
+
+def cli_module():
+    tools = os.path.join(ROOT, "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    return importlib.import_module("_cli")
+
+
+@pytest.mark.parametrize("tool", sorted(TOOLS))
+def test_a_report_under_a_regular_file_is_one_line_before_any_work(tool, tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where a directory is needed\n")
+    report = blocker / "sub" / "report.json"
+    proc = run_tool(tool, *TOOLS[tool], "--report", report)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: --report {report}: {blocker} is a file, not a directory; choose another --report path")
+
+
+def test_a_directory_as_report_is_refused(tmp_path):
+    proc = run_tool("eval.py", *TOOLS["eval.py"], "--report", tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: --report {tmp_path}: is a directory; give a file name, e.g. {tmp_path / 'report.json'}")
+
+
+def test_a_report_that_cannot_be_written_at_the_end_is_one_line(tmp_path):
+    _cli = cli_module()
+    blocker = tmp_path / "blocker"
+    blocker.write_text("appeared while the tool ran\n")
+    with pytest.raises(ConfigError) as err:
+        _cli.write_report(str(blocker / "report.json"), {"top1": 0.5})
+    assert str(err.value) == (f"--report {blocker / 'report.json'}: cannot write it (File exists: {blocker}); the "
+                              f"results printed above were not saved: choose a writable --report path")
+    assert sorted(os.listdir(tmp_path)) == ["blocker"]  # no temporary file left
+
+
+def test_a_writable_report_is_written_in_new_folders(tmp_path):
+    _cli = cli_module()
+    path = tmp_path / "a" / "b" / "report.json"
+    _cli.check_output_file("--report", str(path))
+    assert not (tmp_path / "a").exists()  # the check creates nothing
+    _cli.write_report(str(path), {"top1": 0.5})
+    assert path.read_text() == '{\n  "top1": 0.5\n}'
