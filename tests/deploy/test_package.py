@@ -160,8 +160,12 @@ def test_deploy_package_is_found_from_option_environment_or_checkout(tmp_path, m
 
 
 def test_missing_deploy_package_is_one_line(tmp_path):
-    code = ("import ppdlx.benchmarks.infer as b\n"
+    code = ("import sys\n"
+            "import ppdlx.benchmarks.infer as b\n"
             "b.CHECKOUT_DEPLOY_DIR = '/nonexistent/deploy/python'  # as in an installed wheel\n"
+            # an editable install (PEP 660) maps ppdlx_deploy too: a None entry makes it absent, as in a wheel
+            # built without it
+            "sys.modules['ppdlx_deploy'] = None\n"
             "from ppdlx.errors import ConfigError\n"
             "try:\n    b.load_deploy_module()\nexcept ConfigError as err:\n    print(err)\n")
     env = {k: v for k, v in os.environ.items() if k != DEPLOY_DIR_ENV}
