@@ -266,6 +266,16 @@ def test_checkout_tools_do_not_hide_a_broken_install(venv, digits, tmp_path):
                           env=outside_env()).stdout.strip()
     python, target = make_venv(tmp_path / "broken")
     shutil.copytree(site, os.path.join(target, "ppdlx"), ignore=shutil.ignore_patterns("engine"))
+    # An editable install in the system site (CI's `pip install -e .`) puts a meta-path finder there that
+    # resolves any missing ppdlx subpackage from the checkout; a user's separate broken install has none.
+    # site.py runs sitecustomize after every .pth file, so this drops the finder the system .pth added.
+    with open(os.path.join(target, "sitecustomize.py"), "w") as f:
+        f.write("import sys\n"
+                "sys.meta_path[:] = [f for f in sys.meta_path\n"
+                "                    if not getattr(f, '__module__', '').startswith('__editable__')]\n")
+    hidden = subprocess.run([python, "-c", "import importlib.util as u; print(u.find_spec('ppdlx.engine'))"],
+                            capture_output=True, text=True, timeout=120, cwd=str(tmp_path), env=outside_env())
+    assert hidden.stdout.strip() == "None", hidden.stdout + hidden.stderr[-2000:]
     proc = train_from_checkout_tools(python, digits, tmp_path / "out", tmp_path / "report.json", tmp_path)
     assert proc.returncode == 1
     assert "ModuleNotFoundError: No module named 'ppdlx.engine'" in proc.stderr
