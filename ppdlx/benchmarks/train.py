@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import statistics
 import time
 
 import paddle
@@ -111,27 +112,50 @@ def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare"), extra_runners=N
     steps_of = {name: max(1, round(per_round * getattr(r, "steps_scale", 1.0))) for name, r in runners.items()}
     for name, runner in runners.items():
         runner.run(max(1, round(warmup * getattr(runner, "steps_scale", 1.0))) if warmup else 0)
-    seconds = {name: 0.0 for name in runners}
+    round_seconds = {name: [] for name in runners}
     names = list(runners)
     for r in range(rounds):
         # every other round runs the cases in reverse order: no case always follows the same one
         for name in names if r % 2 == 0 else names[::-1]:
-            seconds[name] += _time(runners[name], steps_of[name])
-    rows = [{"case": name, "images_per_s": steps_of[name] * rounds * batch / secs, "batch_size": batch,
-             "steps": steps_of[name] * rounds, "seconds": secs} for name, secs in seconds.items()]
+            round_seconds[name].append(_time(runners[name], steps_of[name]))
+    rows = []
+    for name, secs in round_seconds.items():
+        rows.append({"case": name, "images_per_s": steps_of[name] * rounds * batch / sum(secs), "batch_size": batch,
+                     "steps": steps_of[name] * rounds, "seconds": sum(secs),
+                     "images_per_s_per_round": [steps_of[name] * batch / s for s in secs]})
     by_name = {row["case"]: row for row in rows}
     if "ppdlx" in by_name:
+        mine = by_name["ppdlx"]["images_per_s_per_round"]
         for row in rows:
             if row["case"] != "ppdlx":
                 row["ppdlx_vs_this"] = by_name["ppdlx"]["images_per_s"] / row["images_per_s"]
+                # within a round both cases saw nearly the same machine: the per-round ratios and
+                # their spread are the comparison that survives a machine shared with other work
+                ratios = sorted(m / other for m, other in zip(mine, row["images_per_s_per_round"]))
+                row.update(ratio_median=statistics.median(ratios), ratio_min=ratios[0], ratio_max=ratios[-1],
+                           ratios_per_round=ratios)
     return rows
+
+
+def ratio_to_best(rows, prefix="torch"):
+    """ppdlx against the fastest ``prefix*`` case of each round (PyTorch's best mode is whichever of
+    its modes won that round): the median, range and per-round values, or None without such cases."""
+    by_name = {row["case"]: row for row in rows}
+    others = [row["images_per_s_per_round"] for row in rows if row["case"].startswith(prefix)]
+    if "ppdlx" not in by_name or not others:
+        return None
+    best = [max(per_round) for per_round in zip(*others)]
+    ratios = sorted(m / b for m, b in zip(by_name["ppdlx"]["images_per_s_per_round"], best))
+    return {"ratio_median": statistics.median(ratios), "ratio_min": ratios[0], "ratio_max": ratios[-1],
+            "ratios_per_round": ratios, "best_images_per_s_per_round": best}
 
 
 def run(args):
     from ppdlx.config import flatten_overrides, load_config
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
     overrides = ["data.backend=synthetic", "global.log_interval=1000000", "ema.enabled=false",
                  *flatten_overrides(args.override)]
-    cfg = load_config(args.config, overrides)
+    cfg = resolve_preprocessing(load_config(args.config, overrides))  # the bare loop reads its crop size
     cfg = cfg.replace({"global.output_dir": cfg.global_.output_dir.rstrip("/") + "_benchmark"})
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     if args.compare_torch and "torch" not in cases:
@@ -155,6 +179,12 @@ def run(args):
     if worker is not None:
         notes.append(f"PyTorch {worker.facts.get('torch')} in a worker process, {worker.facts.get('torch_threads')} "
                      f"threads; bf16 cases run {args.torch_bf16_scale:g}x the steps of the others")
+    notes += [f"ppdlx / {row['case']} = {row['ratio_median']:.3f} (median of {args.rounds} rounds; range "
+              f"{row['ratio_min']:.3f}-{row['ratio_max']:.3f})" for row in rows if "ratio_median" in row]
+    best = ratio_to_best(rows)
+    if best is not None:
+        notes.append(f"ppdlx / PyTorch best (fastest PyTorch mode of each round) = {best['ratio_median']:.3f} "
+                     f"(median of {args.rounds} rounds; range {best['ratio_min']:.3f}-{best['ratio_max']:.3f})")
     for case in cases:
         if case in ("ppdlx", "bare", "torch"):
             continue
@@ -163,4 +193,4 @@ def run(args):
         module_name, fn_name = EXTRA_CASES[case].split(":")
         fn = getattr(importlib.import_module(module_name), fn_name)
         rows.extend(fn(cfg, args.steps, args.warmup))
-    return {"rows": rows, "notes": notes}
+    return {"rows": rows, "notes": notes, "ppdlx_vs_torch_best": best}

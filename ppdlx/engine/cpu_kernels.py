@@ -22,6 +22,7 @@ import types
 
 import paddle
 
+from ppdlx.cpu_env import keep_freed_memory
 from ppdlx.errors import UnsupportedError
 from ppdlx.layers import BatchNormAct2D
 from ppdlx.ops import onednn
@@ -117,8 +118,10 @@ def use_fast_cpu_kernels(model) -> dict:
             layer.forward = types.MethodType(_batch_norm_act_forward, layer)
             norms += 1
     pools = onednn.use_onednn_max_pools(model)
+    kept_memory = keep_freed_memory()
     log.info("global.cpu_fast_kernels: %d convs, %d batch norms and %d max pools through oneDNN (NHWC), %d 1x1 "
-             "convs as matmuls, %d convs on Paddle's kernel", switched, norms, pools, matmuls, kept)
+             "convs as matmuls, %d convs on Paddle's kernel%s", switched, norms, pools, matmuls, kept,
+             "" if kept_memory else "; freed memory goes back to the system (not glibc)")
     return {"matmul": matmuls, "onednn": switched, "paddle": kept, "batch_norm": norms, "max_pool": pools}
 
 

@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from ppdlx.benchmarks.train import measure
+from ppdlx.benchmarks.train import measure, ratio_to_best
 from ppdlx.config import load_config
 
 
@@ -32,6 +32,25 @@ def test_measure_counts_steps_and_ratios(tmp_path):
     assert by["fast"]["steps"] == 8 and by["slow"]["steps"] == 2
     assert by["fast"]["images_per_s"] == pytest.approx(2 / 0.5) and by["slow"]["images_per_s"] == pytest.approx(1.0)
     assert by["slow"]["ppdlx_vs_this"] == pytest.approx(by["ppdlx"]["images_per_s"] / 1.0)
+    # per-round ratios (ppdlx's img/s in a round over the case's in the same round) and their spread
+    mine = by["ppdlx"]["images_per_s_per_round"]
+    assert len(mine) == 2 and by["fast"]["images_per_s_per_round"] == pytest.approx([4.0, 4.0])
+    assert by["fast"]["ratios_per_round"] == pytest.approx(sorted(m / 4.0 for m in mine))
+    assert by["fast"]["ratio_min"] == pytest.approx(min(mine) / 4.0)
+    assert by["fast"]["ratio_max"] == pytest.approx(max(mine) / 4.0)
+    assert by["fast"]["ratio_median"] == pytest.approx(sum(mine) / 2 / 4.0)
+
+
+def test_ratio_to_best_takes_the_fastest_reference_of_each_round():
+    rows = [{"case": "ppdlx", "images_per_s_per_round": [10.0, 6.0, 8.0]},
+            {"case": "torch_eager", "images_per_s_per_round": [5.0, 8.0, 4.0]},
+            {"case": "torch_channels_last", "images_per_s_per_round": [8.0, 4.0, 10.0]},
+            {"case": "bare", "images_per_s_per_round": [100.0, 100.0, 100.0]}]
+    best = ratio_to_best(rows)
+    assert best["best_images_per_s_per_round"] == [8.0, 8.0, 10.0]
+    assert best["ratios_per_round"] == pytest.approx([0.75, 0.8, 1.25])
+    assert (best["ratio_min"], best["ratio_median"], best["ratio_max"]) == pytest.approx((0.75, 0.8, 1.25))
+    assert ratio_to_best(rows[:1]) is None
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is a benchmark-only extra")

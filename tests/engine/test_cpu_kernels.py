@@ -1,5 +1,11 @@
 """ppdlx.engine.cpu_kernels: 1x1 convolutions as matmuls (same outputs and gradients as Paddle's conv
-kernel, only where that holds: plain NHWC 1x1 convs) and the oneDNN BatchNorm of every model family."""
+kernel, only where that holds: plain NHWC 1x1 convs), the oneDNN BatchNorm of every model family, and
+freed memory kept for the next step."""
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import paddle
 import pytest
@@ -83,3 +89,37 @@ def test_fast_kernels_fuse_the_batch_norms_of_every_family(name, args):
                                                       1e-5 * np.abs(outs["nhwc"]).max())
     assert max_diff(stats, "nhwc", "nhwc_fast") <= max(2 * max_diff(stats, "nchw", "nhwc"), 1e-6)
     assert rel("nhwc", "nhwc_fast") <= max(3 * rel("nchw", "nhwc"), 1e-4)
+
+
+FREED_MEMORY = r"""
+import json, resource, sys
+sys.path.insert(0, sys.argv[1])
+import paddle
+from ppdlx.engine.cpu_kernels import use_fast_cpu_kernels
+if sys.argv[2] == "fast":
+    use_fast_cpu_kernels(paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3, data_format="NHWC")))
+faults = []
+for _ in range(8):  # what training steps do: large activations allocated, written and freed
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    tensors = [paddle.full([16, 56, 56, 256], 1.0) for _ in range(3)]  # 51 MB each
+    del tensors
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps(faults))
+"""
+
+
+def test_fast_kernels_keep_freed_activations_mapped():
+    """By default glibc maps large blocks per allocation and unmaps them when freed, so every step
+    page-faults its activations in afresh (the kernel zeroing each page). With the fast CPU kernels
+    later steps reuse the memory of the ones before (once the heap has grown to the steps' peak, a
+    few steps): no new page faults."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    faults = {}
+    for mode in ("plain", "fast"):
+        proc = subprocess.run([sys.executable, "-c", FREED_MEMORY, root, mode], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        faults[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    pages = 3 * 16 * 56 * 56 * 256 * 4 // 4096
+    assert min(faults["plain"][-3:]) > pages // 2, faults  # Paddle's default: mapped again every time
+    assert max(faults["fast"][-3:]) < pages // 50, faults
