@@ -94,6 +94,8 @@ PADDLE_BASELINE = "paddle-cpu fp32"
 ENV_VARIANTS = {
     "kmp-compact": {"KMP_AFFINITY": "granularity=fine,compact,1,0"},  # pin OpenMP threads to cores
     "mkl-type-5": {"MKL_DEBUG_CPU_TYPE": "5"},                          # MKL's AVX2 paths forced
+    # glibc keeps freed blocks in the heap (what ppdlx's CPU training sets with mallopt)
+    "keep-memory": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "2147483647"},
 }
 
 
