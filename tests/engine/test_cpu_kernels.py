@@ -99,7 +99,7 @@ from ppdlx.engine.cpu_kernels import use_fast_cpu_kernels
 if sys.argv[2] == "fast":
     use_fast_cpu_kernels(paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3, data_format="NHWC")))
 faults = []
-for _ in range(8):  # what training steps do: large activations allocated, written and freed
+for _ in range(16):  # what training steps do: large activations allocated, written and freed
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     tensors = [paddle.full([16, 56, 56, 256], 1.0) for _ in range(3)]  # 51 MB each
     del tensors
@@ -111,8 +111,8 @@ print(json.dumps(faults))
 def test_fast_kernels_keep_freed_activations_mapped():
     """By default glibc maps large blocks per allocation and unmaps them when freed, so every step
     page-faults its activations in afresh (the kernel zeroing each page). With the fast CPU kernels
-    later steps reuse the memory of the ones before (once the heap has grown to the steps' peak, a
-    few steps): no new page faults."""
+    later steps reuse the memory of the ones before (once the heap has grown, within a few steps):
+    no new page faults."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     faults = {}
     for mode in ("plain", "fast"):
@@ -121,5 +121,8 @@ def test_fast_kernels_keep_freed_activations_mapped():
         assert proc.returncode == 0, proc.stderr[-2000:]
         faults[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
     pages = 3 * 16 * 56 * 56 * 256 * 4 // 4096
-    assert min(faults["plain"][-3:]) > pages // 2, faults  # Paddle's default: mapped again every time
-    assert max(faults["fast"][-3:]) < pages // 50, faults
+    assert min(faults["plain"][8:]) > pages // 2, faults  # Paddle's default: mapped again every time
+    # the heap grows over the first few steps (small allocations in between fragment it; a few
+    # times the steps' working set here), then stops: the second half faults no page in again
+    assert sum(faults["fast"][8:]) < pages // 50, faults
+    assert sum(faults["fast"]) < 6 * pages, faults
