@@ -1,10 +1,17 @@
 """The oneDNN ops (ppdlx/ops/onednn_kernels.cc) against Paddle's own kernels: convolution (outputs,
 input and filter gradients, for every geometry the models use), training batch norm (+ ReLU) with
-its running statistics, and max pooling."""
+its running statistics, and max pooling; the convolution on every instruction-set path of oneDNN
+this CPU can run."""
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import paddle
 import pytest
 
+from ppdlx.cpu_features import cpu_features
 from ppdlx.engine.cpu_kernels import use_fast_cpu_kernels
 from ppdlx.models import MODELS
 from ppdlx.layers import ConvNormAct as ConvBNAct
@@ -150,3 +157,50 @@ def test_batch_norms_frozen_after_the_switch_keep_their_statistics():
     block.bn._use_global_stats = None  # and back to batch statistics: the running mean moves
     block(x)
     assert float(block.bn._mean.abs().max()) > 0.05
+
+
+ISA_PROBE = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import paddle
+from ppdlx.ops import onednn
+paddle.seed(0)
+x = paddle.randn([2, 9, 10, 16])  # NHWC
+x.stop_gradient = False
+w = paddle.randn([24, 16, 3, 3])
+w.stop_gradient = False
+ref = paddle.nn.functional.conv2d(x, w, padding=1, data_format="NHWC")
+probe = paddle.randn(ref.shape)
+ref_grads = paddle.grad(ref, [x, w], probe)
+out = onednn.conv2d(x, w, 1, [1] * 4, 1, 1, True)
+grads = paddle.grad(out, [x, w], probe)
+print("RESULT " + json.dumps({"out": float((out - ref).abs().max()),
+                              "dx": float((grads[0] - ref_grads[0]).abs().max()),
+                              "dw": float((grads[1] - ref_grads[1]).abs().max() / ref_grads[1].abs().max())}))
+"""
+# oneDNN picks its kernels by the CPU's instruction sets at run time; ONEDNN_MAX_CPU_ISA caps that
+# choice, so every path this CPU can run is checked here, not only the one it would pick.
+ISA_PATHS = {  # cap -> (flags the CPU needs, token in the kernel names, tokens that must not appear)
+    "SSE41": ({"sse4_2"}, "sse41", ("avx",)),
+    "AVX2": ({"avx2", "fma"}, "avx2", ("avx512",)),
+    "AVX512_CORE": ({"avx512f", "avx512bw", "avx512vl"}, "avx512", ()),
+}
+
+
+@pytest.mark.parametrize("isa", list(ISA_PATHS))
+def test_conv_matches_paddle_on_every_instruction_set_path(isa):
+    needs, token, above = ISA_PATHS[isa]
+    missing = needs - set(cpu_features()["flags"])
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(sorted(missing))}: oneDNN's {isa} path cannot run here")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA=isa, ONEDNN_VERBOSE="1")
+    proc = subprocess.run([sys.executable, "-c", ISA_PROBE, root], capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kernels = [line.split(",")[6] for line in proc.stdout.splitlines()
+               if line.startswith("onednn_verbose") and ",exec,cpu,convolution," in line]
+    assert any(token in k for k in kernels), kernels  # the capped path really ran
+    assert not any(t in k for k in kernels for t in above), kernels
+    result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
+    assert result["out"] < 1e-4 and result["dx"] < 1e-4 and result["dw"] < 1e-3, result
