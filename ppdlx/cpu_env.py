@@ -1,4 +1,5 @@
-"""Environment switches that only take effect before paddle (and with it MKL) is loaded."""
+"""Process-wide CPU switches: the MKL environment, which only takes effect before paddle (and with it
+MKL) is loaded, and glibc's handling of freed memory."""
 from __future__ import annotations
 
 import ctypes

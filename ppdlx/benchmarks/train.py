@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import statistics
 import time
 
 import paddle
@@ -129,12 +128,18 @@ def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare"), extra_runners=N
         for row in rows:
             if row["case"] != "ppdlx":
                 row["ppdlx_vs_this"] = by_name["ppdlx"]["images_per_s"] / row["images_per_s"]
-                # within a round both cases saw nearly the same machine: the per-round ratios and
-                # their spread are the comparison that survives a machine shared with other work
-                ratios = sorted(m / other for m, other in zip(mine, row["images_per_s_per_round"]))
-                row.update(ratio_median=statistics.median(ratios), ratio_min=ratios[0], ratio_max=ratios[-1],
-                           ratios_per_round=ratios)
+                row.update(_per_round_ratios(mine, row["images_per_s_per_round"]))
     return rows
+
+
+def _per_round_ratios(mine, other) -> dict:
+    """Round r of ppdlx over round r of the other case (within a round both saw nearly the same
+    machine: the comparison that survives a machine shared with other work) and their spread, by the
+    inference benchmark's rule (``ppdlx_deploy.ratio_stats``), under this report's keys."""
+    from ppdlx.benchmarks.infer import load_deploy_module
+    stats = load_deploy_module().ratio_stats(mine, other)
+    return {"ratio_median": stats["median"], "ratio_min": stats["min"], "ratio_max": stats["max"],
+            "ratios_per_round": sorted(stats["per_round"])}
 
 
 def ratio_to_best(rows, prefix="torch"):
@@ -145,9 +150,8 @@ def ratio_to_best(rows, prefix="torch"):
     if "ppdlx" not in by_name or not others:
         return None
     best = [max(per_round) for per_round in zip(*others)]
-    ratios = sorted(m / b for m, b in zip(by_name["ppdlx"]["images_per_s_per_round"], best))
-    return {"ratio_median": statistics.median(ratios), "ratio_min": ratios[0], "ratio_max": ratios[-1],
-            "ratios_per_round": ratios, "best_images_per_s_per_round": best}
+    return {**_per_round_ratios(by_name["ppdlx"]["images_per_s_per_round"], best),
+            "best_images_per_s_per_round": best}
 
 
 def run(args):
@@ -179,12 +183,13 @@ def run(args):
     if worker is not None:
         notes.append(f"PyTorch {worker.facts.get('torch')} in a worker process, {worker.facts.get('torch_threads')} "
                      f"threads; bf16 cases run {args.torch_bf16_scale:g}x the steps of the others")
-    notes += [f"ppdlx / {row['case']} = {row['ratio_median']:.3f} (median of {args.rounds} rounds; range "
-              f"{row['ratio_min']:.3f}-{row['ratio_max']:.3f})" for row in rows if "ratio_median" in row]
+    def ratio_note(of, r):
+        return (f"ppdlx / {of} = {r['ratio_median']:.3f} (median of {args.rounds} rounds; range "
+                f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f})")
+    notes += [ratio_note(row["case"], row) for row in rows if "ratio_median" in row]
     best = ratio_to_best(rows)
     if best is not None:
-        notes.append(f"ppdlx / PyTorch best (fastest PyTorch mode of each round) = {best['ratio_median']:.3f} "
-                     f"(median of {args.rounds} rounds; range {best['ratio_min']:.3f}-{best['ratio_max']:.3f})")
+        notes.append(ratio_note("PyTorch best (fastest PyTorch mode of each round)", best))
     for case in cases:
         if case in ("ppdlx", "bare", "torch"):
             continue
