@@ -124,6 +124,10 @@ def add_arguments(parser):
     parser.add_argument("--reexport", action="store_true", help="export even if a matching export exists")
     parser.add_argument("--openvino", action="store_true", help="add 'paddle-cpu fp32 openvino' (--format program)")
     parser.add_argument("--untuned", action="store_true", help="add 'paddle-cpu fp32 untuned' (Paddle's defaults)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the rounds, one more worker per paddle-cpu/onnxruntime runtime splits each batch "
+                             "into convolutions, other kernels and time outside kernels (oneDNN's verbose log, "
+                             "onnxruntime's profiler); the profilers' cost is in those times")
     parser.add_argument("--deploy-dir", help=f"folder holding the {DEPLOY_PACKAGE} package (default: "
                                              f"${DEPLOY_DIR_ENV}, else deploy/python of this checkout, else the "
                                              f"installed package)")
@@ -226,6 +230,27 @@ def _one_line(D, fn, *args, **kwargs):
         raise ConfigError(f"benchmark infer: {err}") from None
 
 
+def _kernel_profile(D, specs: dict, env: dict, batch_sizes: list, notes: list, reference: str) -> dict:
+    """One profiled worker per profiled runtime (:mod:`ppdlx_deploy.kernel_profile`), its split in
+    ``notes``, and each runtime's convolution time over the reference's."""
+    profiled = {name: spec for name, spec in specs.items() if spec["backend"] in ("paddle-cpu", "onnxruntime")
+                and "openvino" not in name}
+    splits = {}
+    for name, spec in profiled.items():
+        worker_env = dict(env.get(name) or {}, **(D.kernel_profile.ONEDNN_VERBOSE_ENV
+                                                  if spec["backend"] == "paddle-cpu" else {}))
+        print(f"profile: {name}", file=sys.stderr, flush=True)
+        splits[name] = _one_line(D, D.run_in_worker, dict(spec, label=name, kernel_profile=True), worker_env)["profile"]
+    for bs in batch_sizes:
+        for name, split in splits.items():
+            line = D.kernel_profile.profile_line(name, split[str(bs)])
+            if name != reference and reference in splits:
+                ref = splits[reference][str(bs)]["convolution_ms"]
+                line += f"; convolutions / {reference}'s: {split[str(bs)]['convolution_ms'] / ref:.3f}"
+            notes.append(f"profile bs {bs}: {line}")
+    return splits
+
+
 def run(args) -> dict:
     batch_sizes = _check_counts(args)
     features = cpu_features()
@@ -304,7 +329,8 @@ def run(args) -> dict:
         notes.append(f"bs {ratio['batch_size']}: {ratio['runtime']} / {ratio['reference']} = {_range(ratio)} "
                      f"{verdict} 1; medians {a:.2f} vs {b:.2f} ms; outputs differ by at most "
                      + ("?" if diff is None else f"{diff:.2g}"))
-    return {"rows": rows, "notes": notes, "model_dir": model_dir, "ratios": summary["ratios"],
+    profile = _kernel_profile(D, specs, env, batch_sizes, notes, args.reference) if args.profile else None
+    return {"rows": rows, "notes": notes, "model_dir": model_dir, "ratios": summary["ratios"], "profile": profile,
             "order": measured["order"], "workers": workers,
             "threads": {"per_runtime": threads, "environment_given": ppdlx.THREAD_ENV_GIVEN},
             "method": {"rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "batch_sizes": batch_sizes,

@@ -121,3 +121,51 @@ def test_runtimes_run_in_alternating_fresh_processes_and_the_json_records_the_ma
     assert workers["paddle-cpu fp32"]["versions"]["paddle"] == paddle.__version__
     assert any(line.startswith("bs 1: paddle-cpu fp32 / onnxruntime fp32 = ") and "(median of 3 rounds; range " in line
                for line in r["notes"])
+
+
+def test_profile_splits_each_batch_into_convolutions_other_kernels_and_the_rest(tmp_path):
+    """``--profile``: one more worker per runtime splits a batch's time by kernel, from oneDNN's
+    verbose log (Paddle) and onnxruntime's profiler; both must see every convolution of the model
+    once per run, and the parts must add up to the profiled wall time."""
+    pytest.importorskip("onnxruntime")
+    import paddle
+    from ppdlx.models import build_model
+    report = tmp_path / "infer.json"
+    proc = _tool("-c", "configs/demo/rn50_demo.yaml", "-o", "model.name=resnet18_bottleneck_tiny",
+                 "model.num_classes=3", f"global.output_dir={tmp_path / 'out'}", "--resolution", "32",
+                 "--batch-sizes", "1,2", "--rounds", "1", "--steps", "4", "--warmup", "2", "--threads", "1",
+                 "--runtimes", "paddle-cpu fp32,onnxruntime fp32", "--profile", "--report", str(report))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(report.read_text())
+    convs = sum(isinstance(layer, paddle.nn.Conv2D)
+                for layer in build_model("resnet18_bottleneck_tiny", num_classes=3).sublayers())
+    assert convs > 5
+    assert set(r["profile"]) == {"paddle-cpu fp32", "onnxruntime fp32"}
+    for name, per_bs in r["profile"].items():
+        assert set(per_bs) == {"1", "2"}
+        for split in per_bs.values():
+            assert split["runs"] == 4
+            assert split["convolutions_per_run"] == convs, (name, split)
+            assert split["convolution_ms"] > 0 and split["kernels_per_run"] > convs  # pooling, matmul, ...
+            assert split["wall_ms"] == pytest.approx(split["kernels_ms"] + split["outside_kernels_ms"])
+            assert split["kernels_ms"] == pytest.approx(split["convolution_ms"] + sum(split["other_kernels_ms"].values()))
+    assert r["profile"]["paddle-cpu fp32"]["1"]["tool"] == "oneDNN verbose log"
+    assert r["profile"]["onnxruntime fp32"]["1"]["tool"] == "onnxruntime profiler"
+    lines = [n for n in r["notes"] if n.startswith("profile bs 2: paddle-cpu fp32 ")]
+    assert len(lines) == 1 and "convolutions / onnxruntime fp32's: " in lines[0]
+
+
+def test_onednn_log_lines_are_read_as_kind_implementation_and_time():
+    log = ("onednn_verbose,v1,info,oneDNN v3.6.0\n"
+           "onednn_verbose,v1,primitive,exec,cpu,convolution,brgconv_1x1:avx2,forward_inference,"
+           "src:f32:a:blocked:acdb::f0 wei:f32:a:blocked:Acdb16a::f0 bia:f32::blocked:a::f0 "
+           "dst:f32:a:blocked:acdb::f0,attr-post-ops:eltwise_relu,alg:convolution_direct,"
+           "mb1_ic64oc64_ih56oh56kh1sh1dh0ph0_iw56ow56kw1sw1dw0pw0,0.28125\n"
+           "onednn_verbose,v1,primitive,exec,cpu,reorder,simple:any,undef,src:f32::blocked:acdb::f0 "
+           "dst:f32::blocked:acdb::f0,,,1x256x56x56,1.5\n"
+           "run 3.2\n")
+    kernels = D.kernel_profile.onednn_kernels(log)
+    assert kernels == [("convolution", "brgconv_1x1:avx2", 0.28125), ("reorder", "simple:any", 1.5)]
+    split = D.kernel_profile.split_time(kernels + kernels, [2.0, 4.0])
+    assert split["convolution_ms"] == pytest.approx(0.28125) and split["other_kernels_ms"] == {"reorder": 1.5}
+    assert split["outside_kernels_ms"] == pytest.approx(3.0 - 1.78125) and split["convolutions_per_run"] == 1

@@ -12,7 +12,8 @@ Modules, in the order a prediction flows through them:
 * :mod:`.postprocess`: outputs to classes or detections with label names;
 * :mod:`.pipeline`: the four above from image files to results, as a service runs them;
 * :mod:`.benchmark`, :mod:`.calibration`: timing (one predictor here, or runtimes compared in separate
-  worker processes), int8 calibration batches and Paddle-TRT calibration.
+  worker processes), int8 calibration batches and Paddle-TRT calibration; :mod:`.kernel_profile`:
+  where a batch's time goes, kernel by kernel (oneDNN's verbose log, onnxruntime's profiler).
 
 The names below are the package's public API (``import ppdlx_deploy as D; D.Pipeline.open(...)``).
 """
@@ -40,6 +41,7 @@ from .benchmark import (alternating_order, benchmark, format_rows, latency_stats
 from .calibration import calibrate_trt, calibration_feeds  # noqa: E402
 from .config_calls import apply_plan, plan_call  # noqa: E402
 from .errors import DeployError, UnsupportedError  # noqa: E402
+from . import kernel_profile  # noqa: E402
 from .meta import META_FILE, is_quantized, load_meta, model_files, program_op_types  # noqa: E402
 from .pipeline import Pipeline  # noqa: E402
 from .plan import (BACKENDS, CPU_VARIANTS, PRECISIONS, build_plan, check_backend_available, cpu_flags,  # noqa: E402
@@ -57,7 +59,7 @@ __all__ = [
     "PaddlePredictor", "Pipeline", "Preprocessor", "UnsupportedError", "alternating_order", "apply_plan",
     "benchmark", "build_plan", "calibrate_trt", "calibration_feeds", "center_crop", "check_backend_available",
     "choose_cpu_plan", "cli", "cpu", "cpu_candidates", "cpu_flags", "cpu_has_bf16", "cpu_variant_options",
-    "cpu_variants_for", "create_predictor", "default_threads", "draw_detections", "format_rows", "is_quantized",
+    "cpu_variants_for", "create_predictor", "kernel_profile", "default_threads", "draw_detections", "format_rows", "is_quantized",
     "latency_stats", "list_images", "load_image", "load_meta", "model_files", "normalize", "plan_call",
     "postprocess", "program_op_types", "ratio_stats", "resize_shorter", "round_medians_ms", "run_in_worker",
     "run_rounds", "softmax", "spread", "summarize_rounds", "synthetic_feeds", "time_networks", "topk_classes", "trt",

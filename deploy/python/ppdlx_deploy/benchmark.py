@@ -150,11 +150,16 @@ def run_worker_spec(spec: dict) -> dict:
 
 
 def worker_main() -> None:
-    """Entry point of a worker process (:data:`WORKER_CODE`): spec as JSON on stdin, the reply
+    """Entry point of a worker process (:data:`WORKER_CODE`): spec as JSON on stdin (with
+    ``kernel_profile`` set: :func:`ppdlx_deploy.kernel_profile.profile_worker_spec`), the reply
     as one prefixed JSON line on stdout; an error is one line on stderr and a non-zero exit."""
     spec = json.loads(sys.stdin.read())
     try:
-        reply = run_worker_spec(spec)
+        if spec.get("kernel_profile"):
+            from .kernel_profile import profile_worker_spec
+            reply = profile_worker_spec(spec)
+        else:
+            reply = run_worker_spec(spec)
     except DeployError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)

@@ -119,7 +119,8 @@ class PaddlePredictor:
 
 class OnnxPredictor:
     def __init__(self, model_dir: str, threads: Optional[int] = None, meta: Optional[dict] = None,
-                 onnx_file: Optional[str] = None):
+                 onnx_file: Optional[str] = None, profile_prefix: Optional[str] = None):
+        """``profile_prefix``: record onnxruntime's profile (``session.end_profiling()`` writes it there)."""
         check_backend_available("onnxruntime")
         import onnxruntime as ort
         self.meta = meta or load_meta(model_dir)
@@ -132,6 +133,9 @@ class OnnxPredictor:
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
+        if profile_prefix:
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
         try:
             self.session = ort.InferenceSession(onnx_file, options, providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) derive from Exception only
