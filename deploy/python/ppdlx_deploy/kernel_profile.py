@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 from .errors import DeployError
@@ -94,53 +93,45 @@ def stdout_to_file(path: str):
         os.close(target)
 
 
-def _timed_runs(predictor, feeds, steps: int) -> List[float]:
-    wall = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        predictor.run(feeds)
-        wall.append((time.perf_counter() - start) * 1000.0)
-    return wall
-
-
 def profile_worker_spec(spec: dict) -> dict:
     """In a worker process: per batch size, ``warmup`` untimed runs, then ``steps`` profiled runs
     split by :func:`split_time`. paddle-cpu needs the worker started with
     :data:`ONEDNN_VERBOSE_ENV` (oneDNN reads it once, when it loads)."""
-    from .benchmark import synthetic_feeds
+    from .benchmark import synthetic_feeds, time_networks
     from .predictors import OnnxPredictor, create_predictor
     backend, steps, warmup = spec["backend"], int(spec["steps"]), int(spec["warmup"])
     if backend not in ("paddle-cpu", "onnxruntime"):
         raise DeployError(f"kernel profile: backend {backend} is not profiled (paddle-cpu and onnxruntime are)")
     if backend == "paddle-cpu" and os.environ.get("ONEDNN_VERBOSE") != ONEDNN_VERBOSE_ENV["ONEDNN_VERBOSE"]:
         raise DeployError("kernel profile of paddle-cpu: start the worker with ONEDNN_VERBOSE=1")
-    result, tmp = {}, tempfile.mkdtemp(prefix="ppdlx_kernel_profile_")
-    for bs in spec["batch_sizes"]:
-        if backend == "onnxruntime":  # one session per batch size: its profile starts with the session
-            predictor = OnnxPredictor(spec["model_dir"], threads=spec.get("threads"),
-                                      profile_prefix=os.path.join(tmp, f"ort_bs{bs}"))
-        else:
-            predictor = create_predictor(spec["model_dir"], backend, spec["precision"], threads=spec.get("threads"),
-                                         **spec.get("options", {}))
-        feeds = synthetic_feeds(predictor.meta, int(bs))
-        for _ in range(max(warmup, 1)):
-            predictor.run(feeds)
-        if backend == "onnxruntime":
-            wall = _timed_runs(predictor, feeds, steps)
-            with open(predictor.session.end_profiling(), encoding="utf-8") as f:
-                kernels = onnxruntime_kernels(json.load(f), steps)
-            tool = "onnxruntime profiler"
-        else:
-            log = os.path.join(tmp, f"onednn_bs{bs}.log")
-            with stdout_to_file(log):
-                wall = _timed_runs(predictor, feeds, steps)
-            with open(log, encoding="utf-8", errors="replace") as f:
-                kernels = onednn_kernels(f.read())
-            tool = "oneDNN verbose log"
-        if not kernels:
-            raise DeployError(f"kernel profile of {backend} at batch size {bs}: the {tool} recorded no kernel "
-                              f"(engine {predictor.plan.get('engine')})")
-        result[str(bs)] = {**split_time(kernels, wall), "tool": tool}
+    result = {}
+    with tempfile.TemporaryDirectory(prefix="ppdlx_kernel_profile_") as tmp:
+        for bs in spec["batch_sizes"]:
+            if backend == "onnxruntime":  # one session per batch size: its profile starts with the session
+                predictor = OnnxPredictor(spec["model_dir"], threads=spec.get("threads"),
+                                          profile_prefix=os.path.join(tmp, f"ort_bs{bs}"))
+            else:
+                predictor = create_predictor(spec["model_dir"], backend, spec["precision"],
+                                             threads=spec.get("threads"), **spec.get("options", {}))
+            feeds = synthetic_feeds(predictor.meta, int(bs))
+            for _ in range(max(warmup, 1)):  # outside the profiled window
+                predictor.run(feeds)
+            if backend == "onnxruntime":
+                seconds = time_networks({"run": predictor}, feeds, 0, steps)["run"]
+                with open(predictor.session.end_profiling(), encoding="utf-8") as f:
+                    kernels = onnxruntime_kernels(json.load(f), steps)
+                tool = "onnxruntime profiler"
+            else:
+                log = os.path.join(tmp, f"onednn_bs{bs}.log")
+                with stdout_to_file(log):
+                    seconds = time_networks({"run": predictor}, feeds, 0, steps)["run"]
+                with open(log, encoding="utf-8", errors="replace") as f:
+                    kernels = onednn_kernels(f.read())
+                tool = "oneDNN verbose log"
+            if not kernels:
+                raise DeployError(f"kernel profile of {backend} at batch size {bs}: the {tool} recorded no kernel "
+                                  f"(engine {predictor.plan.get('engine')})")
+            result[str(bs)] = {**split_time(kernels, [s * 1000.0 for s in seconds]), "tool": tool}
     return {"pid": os.getpid(), "profile": result, "engine": predictor.plan.get("engine")}
 
 
