@@ -9,7 +9,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import time
+from typing import Optional
 
 import paddle
 import paddle.nn.functional as F
@@ -83,17 +85,42 @@ class _Trainer:
         self.trainer.train_one_epoch()
 
 
-def _time(runner, steps):
+def settle_seconds(environ=os.environ) -> Optional[float]:
+    """The pause before each timed case. The OpenMP runtime in Paddle's wheel (libiomp5) keeps its
+    worker threads spinning for ``KMP_BLOCKTIME`` (200 ms unless set) after the last parallel region,
+    so without a pause the case that follows ppdlx in a round starts on a core still busy with
+    ppdlx's spinning thread (PyTorch's libgomp pool spins for a few ms only). 0 where the pool
+    sleeps at once; None where it spins for ever (``infinite``, ``OMP_WAIT_POLICY=active``), which
+    no pause settles."""
+    blocktime = environ.get("KMP_BLOCKTIME", "").strip().lower()
+    policy = environ.get("OMP_WAIT_POLICY", "").strip().lower()
+    if blocktime == "infinite" or (not blocktime and policy == "active"):
+        return None
+    if not blocktime:
+        return 0.0 if policy == "passive" else 0.3
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(us|ms|s)?", blocktime)
+    if match is None:  # libiomp warns and keeps its default
+        return 0.3
+    seconds = float(match.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[match.group(2) or "ms"]
+    return seconds + 0.1 if seconds > 0 else 0.0
+
+
+def _time(runner, steps, settle=0.0):
+    if settle:
+        time.sleep(settle)
     start = time.perf_counter()
     own = runner.run(steps)
-    return own if isinstance(own, float) else time.perf_counter() - start
+    end = time.perf_counter()
+    return (own if isinstance(own, float) else end - start), start, end
 
 
-def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare"), extra_runners=None, layout=None):
+def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare"), extra_runners=None, layout=None, order_out=None):
     """img/s of each case over ``steps`` measured steps split into ``rounds`` interleaved rounds.
     ``extra_runners``: name -> runner with ``run(steps)`` and an optional ``steps_scale`` (slow
     cases run fewer steps per round); ``layout``: a list the ppdlx case's data layout is appended to
-    (its run plan may pick another than the config's on CPU; the bare loop uses the config's)."""
+    (its run plan may pick another than the config's on CPU; the bare loop uses the config's);
+    ``order_out``: a list every timed run is appended to (round, case, start and end on the
+    ``time.perf_counter`` clock). Each timed run starts after :func:`settle_seconds`."""
     batch = cfg.data.batch_size
     bare_cfg = cfg
     runners = {}
@@ -113,14 +140,18 @@ def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare"), extra_runners=N
         runner.run(max(1, round(warmup * getattr(runner, "steps_scale", 1.0))) if warmup else 0)
     round_seconds = {name: [] for name in runners}
     names = list(runners)
+    settle = settle_seconds() or 0.0
+    order = []
     for r in range(rounds):
         # every other round runs the cases in reverse order: no case always follows the same one
         for name in names if r % 2 == 0 else names[::-1]:
-            round_seconds[name].append(_time(runners[name], steps_of[name]))
+            seconds, start, end = _time(runners[name], steps_of[name], settle)
+            round_seconds[name].append(seconds)
+            order.append({"round": r, "case": name, "start": start, "end": end})
     rows = []
     for name, secs in round_seconds.items():
         rows.append({"case": name, "images_per_s": steps_of[name] * rounds * batch / sum(secs), "batch_size": batch,
-                     "steps": steps_of[name] * rounds, "seconds": sum(secs),
+                     "steps": steps_of[name] * rounds, "seconds": sum(secs), "settle_s": settle,
                      "images_per_s_per_round": [steps_of[name] * batch / s for s in secs]})
     by_name = {row["case"]: row for row in rows}
     if "ppdlx" in by_name:
@@ -129,6 +160,8 @@ def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare"), extra_runners=N
             if row["case"] != "ppdlx":
                 row["ppdlx_vs_this"] = by_name["ppdlx"]["images_per_s"] / row["images_per_s"]
                 row.update(_per_round_ratios(mine, row["images_per_s_per_round"]))
+    if order_out is not None:
+        order_out.extend(order)
     return rows
 
 
@@ -167,10 +200,10 @@ def run(args):
     extra_runners, worker = {}, None
     if "torch" in cases:
         worker = _torch_runners(cfg, args, extra_runners)
-    layout = []
+    layout, order = [], []
     try:
         rows = measure(cfg, args.steps, args.warmup, args.rounds, [c for c in cases if c in ("ppdlx", "bare")],
-                       extra_runners, layout)
+                       extra_runners, layout, order)
     finally:
         if worker is not None:
             worker.close()
@@ -180,6 +213,11 @@ def run(args):
              f"{cfg.data.batch_size} at {cfg.data.transforms.crop_size} px; {args.steps} steps in {args.rounds} "
              f"interleaved rounds; {configure_cpu_threads(cfg.global_.cpu_threads)} CPU threads; "
              f"MKL_DEBUG_CPU_TYPE={os.environ.get('MKL_DEBUG_CPU_TYPE')}"]
+    settle = settle_seconds()
+    notes.append(f"each timed run starts {settle:.2f} s after the previous one ends (OpenMP threads of the previous "
+                 f"case spin for KMP_BLOCKTIME)" if settle is not None else
+                 "KMP_BLOCKTIME=infinite / OMP_WAIT_POLICY=active: the previous case's OpenMP threads never stop "
+                 "spinning, so each case shares the cores with them; unset it for a fair comparison")
     if worker is not None:
         notes.append(f"PyTorch {worker.facts.get('torch')} in a worker process, {worker.facts.get('torch_threads')} "
                      f"threads; bf16 cases run {args.torch_bf16_scale:g}x the steps of the others")
@@ -198,4 +236,4 @@ def run(args):
         module_name, fn_name = EXTRA_CASES[case].split(":")
         fn = getattr(importlib.import_module(module_name), fn_name)
         rows.extend(fn(cfg, args.steps, args.warmup))
-    return {"rows": rows, "notes": notes, "ppdlx_vs_torch_best": best}
+    return {"rows": rows, "notes": notes, "ppdlx_vs_torch_best": best, "order": order}

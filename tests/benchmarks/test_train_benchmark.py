@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from ppdlx.benchmarks.train import measure, ratio_to_best
+from ppdlx.benchmarks.train import measure, ratio_to_best, settle_seconds
 from ppdlx.config import load_config
 
 
@@ -23,10 +23,19 @@ def _cfg(tmp_path):
         "amp.enabled=false", "model.name=resnet18_bottleneck_tiny", f"global.output_dir={tmp_path}"])
 
 
-def test_measure_counts_steps_and_ratios(tmp_path):
+def test_measure_counts_steps_and_ratios(tmp_path, monkeypatch):
+    monkeypatch.delenv("KMP_BLOCKTIME", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     fast, slow = _Counter(0.5), _Counter(2.0, steps_scale=0.25)
+    order = []
     rows = measure(_cfg(tmp_path), steps=8, warmup=4, rounds=2, cases=("ppdlx",),
-                   extra_runners={"fast": fast, "slow": slow})
+                   extra_runners={"fast": fast, "slow": slow}, order_out=order)
+    # every timed run starts only after the previous one's OpenMP threads stopped spinning
+    settle = settle_seconds()
+    assert settle == pytest.approx(0.3) and {r["settle_s"] for r in rows} == {settle}
+    assert [(o["round"], o["case"]) for o in order] == [(0, "ppdlx"), (0, "fast"), (0, "slow"),
+                                                         (1, "slow"), (1, "fast"), (1, "ppdlx")]
+    assert all(b["start"] - a["end"] >= settle for a, b in zip(order, order[1:]))
     by = {r["case"]: r for r in rows}
     assert fast.calls == [4, 4, 4] and slow.calls == [1, 1, 1]  # warm-up, then 2 rounds of 8 // 2 (x 0.25)
     assert by["fast"]["steps"] == 8 and by["slow"]["steps"] == 2
@@ -39,6 +48,14 @@ def test_measure_counts_steps_and_ratios(tmp_path):
     assert by["fast"]["ratio_min"] == pytest.approx(min(mine) / 4.0)
     assert by["fast"]["ratio_max"] == pytest.approx(max(mine) / 4.0)
     assert by["fast"]["ratio_median"] == pytest.approx(sum(mine) / 2 / 4.0)
+
+
+@pytest.mark.parametrize("environ, seconds", [
+    ({}, 0.3), ({"KMP_BLOCKTIME": "0"}, 0.0), ({"KMP_BLOCKTIME": "50"}, 0.15), ({"KMP_BLOCKTIME": "1s"}, 1.1),
+    ({"KMP_BLOCKTIME": "500us"}, 0.1005), ({"KMP_BLOCKTIME": "INFINITE"}, None), ({"OMP_WAIT_POLICY": "active"}, None),
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, 0.0), ({"KMP_BLOCKTIME": "fast"}, 0.3)])
+def test_settle_pause_follows_the_openmp_block_time(environ, seconds):
+    assert settle_seconds(environ) == (None if seconds is None else pytest.approx(seconds))
 
 
 def test_ratio_to_best_takes_the_fastest_reference_of_each_round():
