@@ -4,7 +4,8 @@ Unknown keys and wrong types are rejected (``extra="forbid"``, strict-ish types)
 ``ppdlx.config.load_config`` turns pydantic's errors into one line naming the file,
 the key path, the bad value and a "did you mean".
 
-A loaded config is frozen: assigning to a key raises. A changed copy is
+A loaded config is frozen: assigning to a key raises, and its lists and mappings are tuples and
+read-only dicts (``FrozenDict``), so nothing changes it in place. A changed copy is
 ``cfg.replace({"data.backend": "paddle"})`` (validated like a loaded one); what a run decides at
 run time (data layout, AMP, threads) is its plan (``ppdlx.engine.plan``), not the config.
 """
@@ -14,7 +15,7 @@ import copy
 import math
 from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from ppdlx.config.randaugment import parse_rand_augment
 from ppdlx.errors import ConfigError
@@ -29,6 +30,40 @@ class Section(BaseModel):
         path = ".".join(filter(None, (_section_path(type(self)), name)))
         raise ConfigError(f"the config is frozen after loading (cannot set {path} = {value!r}); make a changed "
                           f"copy with cfg.replace({{{path!r}: ...}})")
+
+
+class FrozenDict(dict):
+    """A dict whose contents cannot change (a ``MappingProxyType`` would be, but cannot be pickled
+    or deep-copied, which passing a config to worker processes needs)."""
+    __slots__ = ()
+
+    def _frozen(self, *args, **kwargs):
+        raise ConfigError("the config is frozen after loading (cannot change a mapping in it in place); make a "
+                          "changed copy with cfg.replace({'key.path': ...})")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _frozen
+
+    def __reduce__(self):
+        return type(self), (dict(self),)
+
+
+def _deep_freeze(value):
+    """Mappings as :class:`FrozenDict` and lists as tuples, all the way down: a frozen section's
+    containers must not be changeable in place either."""
+    if isinstance(value, Mapping):
+        return FrozenDict({k: _deep_freeze(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_deep_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value):
+    """The plain dicts and lists of a :func:`_deep_freeze` value (for dumping and YAML)."""
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
 
 
 def _section_path(cls, root=None, prefix="") -> str:
@@ -74,7 +109,16 @@ class ModelConfig(Section):
     reset_head: Union[bool, Literal["auto"]] = "auto"
     data_format: Literal["NCHW", "NHWC"] = "NCHW"
     # Family-specific constructor arguments, checked against the builder's signature.
-    args: Dict[str, Any] = Field(default_factory=dict)
+    args: Mapping[str, Any] = Field(default_factory=dict)
+
+    @field_validator("args", mode="after")
+    @classmethod
+    def _freeze_args(cls, value):
+        return _deep_freeze(value)
+
+    @field_serializer("args")
+    def _thaw_args(self, value):
+        return _thaw(value)
 
 
 class TransformsConfig(Section):
@@ -86,8 +130,8 @@ class TransformsConfig(Section):
     scale: Tuple[float, float] = (0.08, 1.0)
     ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
     hflip: float = Field(0.5, ge=0.0, le=1.0)
-    mean: Optional[List[float]] = None
-    std: Optional[List[float]] = None
+    mean: Optional[Tuple[float, ...]] = None
+    std: Optional[Tuple[float, ...]] = None
     interpolation: Optional[Literal["bilinear", "bicubic"]] = None
     # Off for tests that need identical batches across graph modes.
     random: bool = True
@@ -237,11 +281,11 @@ class AspConfig(Section):
     m: int = Field(4, ge=2)
     mask_algo: Literal["mask_1d", "mask_2d_greedy"] = "mask_1d"
     # fnmatch patterns over layer or parameter names never pruned, e.g. ["stem.*", "*.shortcut.conv"]
-    exclude: List[str] = Field(default_factory=list)
+    exclude: Tuple[str, ...] = ()
     # the classifier = last Linear (or conv) whose output width is model.num_classes
     prune_classifier: bool = False
     # layer kinds that may be pruned (grouped/depthwise convs and Cin % m != 0 are always skipped)
-    layer_types: List[Literal["conv2d", "linear"]] = Field(default_factory=lambda: ["conv2d", "linear"])
+    layer_types: Tuple[Literal["conv2d", "linear"], ...] = ("conv2d", "linear")
 
 
 class DistillConfig(Section):

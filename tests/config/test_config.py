@@ -28,7 +28,7 @@ def test_base_inheritance_merges_dicts_and_replaces_lists(tmp_path):
     cfg = load_config(child)
     assert cfg.train.epochs == 7          # later base wins
     assert cfg.train.accumulate == 2      # dicts merged
-    assert cfg.data.transforms.mean == [9.0]  # lists replaced, not merged
+    assert cfg.data.transforms.mean == (9.0,)  # lists replaced, not merged (and frozen as a tuple)
     assert cfg.data.transforms.crop_size == 64
 
 
@@ -188,6 +188,30 @@ def test_a_loaded_config_is_frozen_and_replace_makes_a_validated_copy():
     assert (cfg.model.data_format, cfg.global_.seed, cfg.data.transforms.crop_pct) == ("NCHW", 42, None)
     with pytest.raises(ValueError, match="data_format"):
         cfg.replace({"model.data_format": "NWHC"})
+
+
+def test_the_containers_of_a_loaded_config_are_frozen_too():
+    # Before: only assignment raised; cfg.model.args["depth"] = 1 or cfg.asp.exclude.append(...)
+    # changed the loaded config in place.
+    import copy
+    import pickle
+    cfg = load_config(os.path.join(ROOT, "configs", "demo", "rn50_demo.yaml"),
+                      ["model.args={stem: {width: [32, 64]}}", "asp.exclude=[stem.*]", "data.transforms.mean=[1,2,3]"])
+    with pytest.raises(ConfigError, match=r"^the config is frozen after loading \(cannot change a mapping"):
+        cfg.model.args["depth"] = 1
+    with pytest.raises(ConfigError, match="cfg.replace"):
+        cfg.model.args["stem"].update(width=[1])
+    for container in (cfg.model.args["stem"]["width"], cfg.asp.exclude, cfg.asp.layer_types, cfg.data.transforms.mean):
+        assert isinstance(container, tuple)
+    # what is written out and copied stays plain YAML, and equal
+    saved = cfg.to_dict()
+    assert saved["model"]["args"] == {"stem": {"width": [32, 64]}} and type(saved["model"]["args"]["stem"]) is dict
+    assert saved["asp"]["exclude"] == ["stem.*"] and saved["data"]["transforms"]["mean"] == [1.0, 2.0, 3.0]
+    for twin in (copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg)), load_config(None, [])
+                 .replace({k: v for k, v in [("model", saved["model"]), ("asp", saved["asp"]), ("data", saved["data"])]})):
+        assert twin.to_dict()["model"] == saved["model"] and twin.asp.exclude == ("stem.*",)
+    assert dict(cfg.replace({"model.args": {**cfg.model.args, "depth": 1}}).model.args) == {
+        "stem": {"width": (32, 64)}, "depth": 1}
 
 
 def test_validating_every_shipped_yaml_imports_neither_pil_nor_paddle():
