@@ -1,4 +1,5 @@
-"""Two-process collective data parallel on CPU (gloo) through paddle.distributed.launch."""
+"""Collective data parallel on CPU (gloo) through paddle.distributed.launch: two processes, and three
+(a world size that divides neither the train nor the val images)."""
 import json
 import os
 import subprocess
@@ -20,19 +21,19 @@ def odd_tree(tmp_path_factory):
     return make_digits_tree(tmp_path_factory.mktemp("odd") / "digits", per_class=23, classes=3)
 
 
-def common(tree):
-    return [f"data.root={tree}", "model.name=resnet18_bottleneck_tiny", "model.num_classes=3", "data.workers=0",
+def common(tree, classes=3):
+    return [f"data.root={tree}", "model.name=resnet18_bottleneck_tiny", f"model.num_classes={classes}", "data.workers=0",
             "global.device=cpu"]
 
 
-def launch_two_ranks(tmp_path, tree, *extra, nan_on_rank1=""):
+def launch_ranks(tmp_path, tree, *extra, nan_on_rank1="", ranks=2, classes=3):
     out = tmp_path / "out"
     out.mkdir()
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(ranks), "--log_dir",
            str(tmp_path / "log"), WORKER, str(out), DEMO]
     if nan_on_rank1:
         cmd += ["--nan-on-rank1", nan_on_rank1]
-    cmd += ["-o", *common(tree), f"global.output_dir={out}", "data.batch_size=4", "lr.base_lr=0.05",
+    cmd += ["-o", *common(tree, classes), f"global.output_dir={out}", "data.batch_size=4", "lr.base_lr=0.05",
             "lr.scale_with_batch=false", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     logs = {f: open(tmp_path / "log" / f).read() for f in sorted(os.listdir(tmp_path / "log"))
@@ -40,20 +41,31 @@ def launch_two_ranks(tmp_path, tree, *extra, nan_on_rank1=""):
     return proc, out, logs
 
 
-def rank_states(out):
-    return [np.load(out / f"rank{r}.npz") for r in (0, 1)], \
-        [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+def rank_states(out, ranks=2):
+    return [np.load(out / f"rank{r}.npz") for r in range(ranks)], \
+        [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
 
 
 def assert_same_weights(states):
-    a, b = states
-    assert sorted(a.files) == sorted(b.files)
-    differ = [k for k in a.files if not np.array_equal(a[k], b[k])]
-    assert not differ, f"{len(differ)} of {len(a.files)} tensors differ between the ranks, e.g. {differ[:3]}"
+    a = states[0]
+    for r, b in enumerate(states[1:], 1):
+        assert sorted(a.files) == sorted(b.files)
+        differ = [k for k in a.files if not np.array_equal(a[k], b[k])]
+        assert not differ, f"{len(differ)} of {len(a.files)} tensors differ between rank 0 and {r}, e.g. {differ[:3]}"
+
+
+def evaluate_alone(tmp_path, tree, weights, classes=3):
+    """tools/eval.py in one process on the saved weights: its JSON report."""
+    single = tmp_path / "single.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "eval.py"), "-c", DEMO, "--report",
+                           str(single), "-o", *common(tree, classes), f"model.weights={weights}"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(single.read_text())
 
 
 def test_two_ranks_train_in_sync_and_count_every_val_image_once(odd_tree, tmp_path):
-    proc, out, logs = launch_two_ranks(tmp_path, odd_tree, "train.epochs=2")
+    proc, out, logs = launch_ranks(tmp_path, odd_tree, "train.epochs=2")
     text = "".join(logs.values())
     assert proc.returncode == 0, text[-3000:]
     assert "global (" in text and "/device x 2)" in text
@@ -63,12 +75,7 @@ def test_two_ranks_train_in_sync_and_count_every_val_image_once(odd_tree, tmp_pa
     assert_same_weights(states)
     assert [c["images"] for c in counters] == [15, 15]
     # The merged sharded evaluation equals a single-process evaluation of the saved weights.
-    single = tmp_path / "single.json"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "eval.py"), "-c", DEMO, "--report",
-                           str(single), "-o", *common(odd_tree), f"model.weights={out}/latest"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    single_report = json.loads(single.read_text())
+    single_report = evaluate_alone(tmp_path, odd_tree, f"{out}/latest")
     assert single_report["images"] == 15
     assert abs(single_report["top1"] - counters[0]["top1"]) < 1e-9
     saved = np.load(out / "rank0.npz")
@@ -77,10 +84,28 @@ def test_two_ranks_train_in_sync_and_count_every_val_image_once(odd_tree, tmp_pa
     assert all(np.array_equal(on_disk[k].numpy(), saved[k]) for k in saved.files)
 
 
+def test_three_ranks_stay_in_sync_on_uneven_shards_and_count_every_val_image_once(tiny_tree, tmp_path):
+    # 64 train images in batches of 4 over 3 ranks, 16 val images over 3 ranks: neither divides, so a
+    # sampler that pads or drops unevenly shows as a wrong count, a lost image or diverged weights.
+    proc, out, logs = launch_ranks(tmp_path, tiny_tree, "train.epochs=1", ranks=3, classes=4)
+    text = "".join(logs.values())
+    assert proc.returncode == 0, text[-3000:]
+    assert "/device x 3)" in text
+    states, counters = rank_states(out, ranks=3)
+    assert_same_weights(states)
+    assert [c["images"] for c in counters] == [16, 16, 16]
+    assert len({c["top1"] for c in counters}) == 1
+    # 64 // (3 x 4): every rank runs the same number of steps (one more on a rank would hang the all-reduce)
+    assert {c["global_step"] for c in counters} == {5}
+    single_report = evaluate_alone(tmp_path, tiny_tree, f"{out}/latest", classes=4)
+    assert single_report["images"] == 16
+    assert abs(single_report["top1"] - counters[0]["top1"]) < 1e-9
+
+
 def test_a_nan_loss_on_one_rank_skips_the_step_on_both(odd_tree, tmp_path):
     # Before: rank 1 skipped backward() while rank 0 entered the gradient all-reduce (NCCL hangs; gloo
     # paired mismatched collectives), and only rank 1 counted the skip.
-    proc, out, logs = launch_two_ranks(tmp_path, odd_tree, "train.epochs=1", "train.steps_per_epoch=6",
+    proc, out, logs = launch_ranks(tmp_path, odd_tree, "train.epochs=1", "train.steps_per_epoch=6",
                                        "global.log_interval=2", nan_on_rank1="2,3")
     text = "".join(logs.values())
     assert proc.returncode == 0, text[-3000:]
@@ -92,7 +117,7 @@ def test_a_nan_loss_on_one_rank_skips_the_step_on_both(odd_tree, tmp_path):
 
 
 def test_a_persistent_nan_on_one_rank_stops_both_with_one_line(odd_tree, tmp_path):
-    proc, out, logs = launch_two_ranks(tmp_path, odd_tree, "train.epochs=1", "train.max_nonfinite_steps=3",
+    proc, out, logs = launch_ranks(tmp_path, odd_tree, "train.epochs=1", "train.max_nonfinite_steps=3",
                                        nan_on_rank1="all")
     assert proc.returncode != 0
     assert len(logs) == 2
