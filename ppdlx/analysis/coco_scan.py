@@ -9,7 +9,7 @@ import logging
 import numpy as np
 
 from ppdlx.analysis.data_scan import SplitReport, decode_split, file_digests
-from ppdlx.data.coco import CocoDetection, CocoIndex
+from ppdlx.data.coco import CocoDetection, shared_index
 from ppdlx.errors import DataError
 
 
@@ -65,7 +65,7 @@ def scan_coco_split(json_path: str, image_dir: str, name: str, backend: str, dec
     report = SplitReport(name=name, source=json_path)
     try:
         with _quiet_index_warnings():
-            index = CocoIndex(json_path, image_dir, invalid="skip")
+            index = shared_index(json_path, image_dir, invalid="skip")
     except DataError as err:
         report.error = str(err)
         return report

@@ -17,7 +17,7 @@ from PIL import Image
 
 from ppdlx.config.preprocess import require_detection_resolved
 from ppdlx.data.coco_geometry import eval_size, pad_targets, train_window, transform_boxes
-from ppdlx.data.coco_index import CocoIndex, IndexedByCoco, coco_paths
+from ppdlx.data.coco_index import CocoIndex, IndexedByCoco, coco_paths, shared_index
 from ppdlx.data.image_folder import sample_rng
 from ppdlx.data.loader_common import PaddleIOLoader
 from ppdlx.data.transforms import PIL_INTERPOLATION
@@ -32,7 +32,7 @@ class CocoDetection(IndexedByCoco):
     def __init__(self, json_path, image_dir, *, image_size, mean, std, interpolation, training=False, hflip=0.5,
                  scale_range=(0.1, 2.0), max_instances=100, skip_crowd=True, invalid="skip", random=True,
                  data_format="NCHW", seed=0, cat_ids=None, index: CocoIndex | None = None):
-        self.index = index or CocoIndex(json_path, image_dir, invalid, cat_ids)
+        self.index = index or shared_index(json_path, image_dir, invalid, cat_ids)
         self.size = int(image_size)
         self.training, self.random = training, random
         self.mean = np.asarray(mean, np.float32)

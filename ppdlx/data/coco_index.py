@@ -234,6 +234,42 @@ class CocoIndex:
         return [r["id"] for r in self.records]
 
 
+_SHARED = None  # while sharing_indexes() is active: (json file and its stat, image dir) -> CocoIndex
+
+
+@contextlib.contextmanager
+def sharing_indexes():
+    """Within: :func:`shared_index` builds one ``CocoIndex`` per json, so the start-of-training data check, the
+    loaders and the evaluator of one run parse a large json, read its image headers and report its invalid
+    entries once. Only for the span of building a run: outside it every call reads the files again (a json or
+    image fixed in between is seen)."""
+    global _SHARED
+    outer = _SHARED
+    _SHARED = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _SHARED = outer
+
+
+def shared_index(json_path: str, image_dir: str, invalid: str = "skip", cat_ids=None) -> CocoIndex:
+    """``CocoIndex(json_path, image_dir, invalid, cat_ids)``, or the one built for the same files within
+    :func:`sharing_indexes`: a shared index serves any ``invalid`` mode when it left nothing out, and any
+    ``cat_ids`` equal to its own; otherwise a new index is built (and raises where it must)."""
+    if _SHARED is None or not os.path.isfile(json_path):
+        return CocoIndex(json_path, image_dir, invalid, cat_ids)
+    stat = os.stat(json_path)
+    key = (os.path.realpath(json_path), stat.st_mtime_ns, stat.st_size, os.path.realpath(image_dir))
+    index = _SHARED.get(key)
+    if index is not None and (invalid == "skip" or not index.invalid) and \
+            (cat_ids is None or list(cat_ids) == index.cat_ids):
+        return index
+    index = CocoIndex(json_path, image_dir, invalid, cat_ids)
+    if invalid == "skip" or not index.invalid:
+        _SHARED[key] = index
+    return index
+
+
 def _refuse_duplicate_image_ids(json_path: str, images: list) -> None:
     """Two images with one id: their annotations cannot be told apart (pycocotools' ``createIndex`` keeps the last
     image of an id and gives it the boxes of both), so this stops whatever ``data.coco.invalid`` says."""

@@ -46,7 +46,7 @@ import paddle
 
 from ppdlx.config.preprocess import require_detection_resolved
 from ppdlx.data.coco_geometry import pad_targets, transform_boxes
-from ppdlx.data.coco_index import CocoIndex, IndexedByCoco, coco_paths
+from ppdlx.data.coco_index import CocoIndex, IndexedByCoco, coco_paths, shared_index
 from ppdlx.data.dali_handover import check_device, dali_device_id, to_paddle
 from ppdlx.data.loader_common import split_batch_sampler
 from ppdlx.errors import DataError
@@ -122,7 +122,7 @@ class DaliCocoLoader(IndexedByCoco):
         self.training = split == "train"
         self.rank, self.seed = rank, cfg.global_.seed
         json_path, self.image_dir = coco_paths(cfg, split)
-        self.index = CocoIndex(json_path, self.image_dir, self.coco_cfg.invalid, cat_ids)
+        self.index = shared_index(json_path, self.image_dir, self.coco_cfg.invalid, cat_ids)
         self.label_of = {cid: i for i, cid in enumerate(self.index.cat_ids)}
         self._tmp = tempfile.mkdtemp(prefix="ppdlx_dali_coco_")
         atexit.register(shutil.rmtree, self._tmp, True)

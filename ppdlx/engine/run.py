@@ -20,6 +20,7 @@ import paddle
 
 from ppdlx.analysis.data_report import check_before_training
 from ppdlx.config import save_config
+from ppdlx.data.coco_index import sharing_indexes
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine import hooks as std
 from ppdlx.engine.amp import build_scaler, decorate_o2, plan_amp
@@ -67,7 +68,8 @@ def build_training(cfg, hooks=(), amp=None) -> Trainer:
     env = start_run(cfg, collective_programs=graph == "static")
     resume_path = prepare_output_dir(cfg, env.rank)  # writable, locked, and resumed or explicitly started over
     try:
-        return _assemble_training(cfg, hooks, amp, task, env, resume_path)
+        with sharing_indexes():  # the data check, loaders and evaluator read each COCO json once
+            return _assemble_training(cfg, hooks, amp, task, env, resume_path)
     except BaseException:
         release_output_dir(cfg.global_.output_dir)  # a training that never started holds the directory no longer
         raise

@@ -82,10 +82,10 @@ def classification_set(cfg, source: str, max_images: Optional[int], workdir: str
 
 def detection_set(cfg, source: str, max_images: Optional[int], workdir: str, postprocess: dict) -> VerifySet:
     """``postprocess``: the export's ``inference.yml`` postprocess section (its NMS settings)."""
-    from ppdlx.data.coco_index import CocoIndex, coco_from_dict, coco_paths
+    from ppdlx.data.coco_index import coco_from_dict, coco_paths, shared_index
     root = _root(cfg, source)
     json_path, image_dir = coco_paths(cfg.replace({"data.root": root}), "val")
-    index = CocoIndex(json_path, image_dir, cfg.data.coco.invalid)
+    index = shared_index(json_path, image_dir, cfg.data.coco.invalid)
     chosen = [index.records[i] for i in evenly_spaced(len(index.records), max_images)]
     ids = {r["id"] for r in chosen}
     gt = index.gt_dataset

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ppdlx.data.coco import CocoDetection, CocoIndex, eval_size, train_window
+from ppdlx.data.coco import CocoDetection, CocoIndex, eval_size, shared_index, sharing_indexes, train_window
 from ppdlx.errors import DataError
 
 MEAN, STD = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)  # identity normalisation: pixels stay readable
@@ -133,6 +133,31 @@ def test_invalid_annotations_reported_with_file_and_id_then_skipped(tmp_path, pp
     assert "image id 2 (missing_2.png): image file" in text and "not found" in text
     # the evaluation ground truth holds only what was kept
     assert [a["id"] for a in index.gt_dataset["annotations"]] == [1]
+
+
+def test_the_check_the_loader_and_the_evaluator_share_one_index_and_one_report(tmp_path, ppdlx_caplog):
+    # Before: the start-of-training check and each loader built their own index: the json was parsed,
+    # every image header read and every invalid entry logged once per reader.
+    path = write_coco(str(tmp_path), [(1, "a.png", 100, 50, []), (2, None, 20, 20, [])],
+                      [ann(1, 1, [10, 5, 30, 20]), ann(2, 2, [1, 1, 5, 5])])
+    img_dir = os.path.join(str(tmp_path), "img")
+    with sharing_indexes():
+        first = shared_index(path, img_dir, "skip")
+        assert shared_index(path, img_dir, "skip", cat_ids=[4, 9]) is first
+        assert CocoDetection(path, img_dir, image_size=64, **PIXELS).index is first
+        assert len([r for r in ppdlx_caplog.records if "missing_2.png" in r.getMessage()]) == 1
+        # invalid=error still stops on the entry the shared index left out; other categories still raise
+        with pytest.raises(DataError, match="missing_2.png.*not found"):
+            shared_index(path, img_dir, "error")
+        with pytest.raises(DataError, match="category ids differ"):
+            shared_index(path, img_dir, "skip", cat_ids=[4, 7, 9])
+    # outside the span every reader reads the files again: a json fixed in between is seen
+    assert shared_index(path, img_dir, "skip") is not first
+    write_coco(str(tmp_path), [(1, "a.png", 100, 50, [])], [ann(1, 1, [10, 5, 30, 20])])
+    with sharing_indexes():
+        fixed = shared_index(path, img_dir, "error")
+        assert [r["id"] for r in fixed.records] == [1] and not fixed.invalid
+        assert shared_index(path, img_dir, "skip") is fixed
 
 
 def test_invalid_annotation_rejected_with_error_switch(tmp_path):

@@ -177,3 +177,17 @@ def test_precise_bn_batches_are_training_images_through_the_eval_transform(shape
     assert all(np.array_equal(a, b) for a, b in zip(first, again))  # no augmentation
     val = build_coco_loader(cfg, "val", batch_size=6)
     assert val.num_images == 5 and loader.num_images == 16
+
+
+def test_an_absent_image_is_read_and_reported_once_when_training_starts(tmp_path, ppdlx_caplog):
+    # Before: the start-of-training check and the loaders each built their own index of the json: the
+    # absent file was named in three lines (the check's and one per loader).
+    from ppdlx.engine.run import build_training
+    root = str(tmp_path / "shapes")
+    paths = make_synthetic_coco(root, num_train=8, num_val=4, seed=1)
+    gone = json.load(open(paths["train"]))["images"][3]["file_name"]
+    os.remove(os.path.join(root, "train", gone))
+    trainer = build_training(load_config(DEMO, _overrides(root, str(tmp_path / "out"), "train.epochs=1", "data.batch_size=2")))
+    assert trainer.train_loader.num_images == 7
+    named = [r.getMessage() for r in ppdlx_caplog.records if gone in r.getMessage()]
+    assert len(named) == 1 and "1 invalid annotation/image" in named[0], named
