@@ -11,6 +11,7 @@ x2, y2 in original pixels), ``scores [N, D]``, ``classes [N, D]`` int64 (-1 = pa
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Dict, List, Optional, Sequence
@@ -19,6 +20,7 @@ import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
+from paddle.base.layer_helper import LayerHelper
 
 from ppdlx.errors import UnsupportedError
 from ppdlx.export.files import ModelFiles, find_model_files, remove_stale
@@ -60,6 +62,29 @@ def image_shape(data_format: str, height: int, width: int, batch: int = -1) -> L
     return [batch, 3, height, width] if data_format == "NCHW" else [batch, height, width, 3]
 
 
+@contextlib.contextmanager
+def _legacy_sigmoid():
+    """Paddle 3.3's ``sigmoid`` became a PIR-only binding (``silu`` and the other activations kept their
+    legacy-IR branch), so squeeze-excite gates and detection scores could not be traced into a legacy
+    ``.pdmodel``. During a legacy trace a static ``Variable`` gets the legacy ``sigmoid`` op, the one
+    Paddle 2.x programs hold; everything else goes to Paddle's function."""
+    original = F.sigmoid
+
+    def sigmoid(x, name=None):
+        if isinstance(x, paddle.base.framework.Variable) and not paddle.in_dynamic_mode():
+            helper = LayerHelper("sigmoid", name=name)
+            out = helper.create_variable_for_type_inference(x.dtype)
+            helper.append_op(type="sigmoid", inputs={"X": x}, outputs={"Out": out})
+            return out
+        return original(x, name)
+
+    F.sigmoid = paddle.sigmoid = sigmoid
+    try:
+        yield
+    finally:
+        F.sigmoid = paddle.sigmoid = original
+
+
 def _jit_save(layer: nn.Layer, prefix: str, input_spec, fmt: str) -> None:
     layer.eval()
     if fmt == "program":
@@ -67,12 +92,13 @@ def _jit_save(layer: nn.Layer, prefix: str, input_spec, fmt: str) -> None:
         # of Paddle 2.x read, and the only program Paddle Inference's TensorRT subgraph engine
         # (enable_tensorrt_engine) processes: a PIR .json takes paddle.tensorrt instead.
         try:
-            with paddle.pir_utils.DygraphOldIrGuard():
+            with paddle.pir_utils.DygraphOldIrGuard(), _legacy_sigmoid():
                 paddle.jit.save(layer, prefix, input_spec=input_spec)
-        except TypeError as err:
-            # Ops whose Python API became a PIR-only C++ binding (sigmoid in Paddle 3.3, used by
-            # GPUNet and EfficientNet/EfficientDet) reject the legacy IR's Variables.
-            rejected = re.search(r"(\w+)\(\): argument .* must be Value, but got Variable", str(err))
+        except (TypeError, ValueError) as err:
+            # Ops whose Python API became a PIR-only C++ binding, other than sigmoid (see
+            # _legacy_sigmoid), reject the legacy IR's Variables (TypeError), or the None that dy2static
+            # passes for a Variable it could not convert (ValueError).
+            rejected = re.search(r"(\w+)\(\): argument .* must be Value, but got (Variable|None)", str(err))
             if rejected is None:
                 raise
             raise UnsupportedError(

@@ -15,7 +15,7 @@ from ppdlx.config import load_config
 from ppdlx.engine.builders import build_model
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.export import export_model, find_model_files, read_meta, save_classifier
-from ppdlx.export.paddle_export import ClassifierForExport, random_feeds, run_dynamic
+from ppdlx.export.paddle_export import ClassifierForExport, PaddleInferenceRunner, random_feeds, run_dynamic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOL = 1e-4
@@ -219,27 +219,50 @@ def test_efficientdet_export_with_postprocess_in_graph(tmp_path):
     assert len(dets) == int(count[0]) > 0 and all(0 <= d[2] < 3 for d in dets)
 
 
-class SigmoidGate(paddle.nn.Layer):
+class Gate(paddle.nn.Layer):
     """A squeeze-excite-like gate (GPUNet, EfficientNet, EfficientDet use F.sigmoid)."""
 
-    def __init__(self):
+    def __init__(self, activation):
         super().__init__()
-        self.num_classes, self.data_format = 4, "NCHW"
+        self.num_classes, self.data_format, self.activation = 4, "NCHW", activation
         self.conv = paddle.nn.Conv2D(3, 4, 3, padding=1)
 
     def forward(self, x):
         y = self.conv(x)
-        return (y * paddle.nn.functional.sigmoid(y)).mean(axis=[2, 3])
+        return (y * getattr(paddle.nn.functional, self.activation)(y)).mean(axis=[2, 3])  # looked up as models do
 
 
-def test_legacy_program_export_refuses_pir_only_ops_in_one_line(tmp_path):
-    """The TRT-target legacy .pdmodel cannot be traced for sigmoid under Paddle 3.3 (its Python API
-    is a PIR-only C++ binding): before, a multi-line TypeError from dy2static; now one line naming
-    the op and the route that remains (PIR .json + paddle.tensorrt)."""
+def test_legacy_program_export_traces_sigmoid_and_refuses_other_pir_only_ops_in_one_line(tmp_path):
+    """Paddle 3.3's sigmoid (and tanh, exp, ...) Python API is a PIR-only C++ binding: before, a legacy
+    .pdmodel of any model with a squeeze-excite gate failed with a multi-line TypeError from dy2static.
+    sigmoid is now traced as the legacy op (GPUNet and EfficientNet export as .pdmodel); any other such
+    op is one line naming it and the route that remains (PIR .json + paddle.tensorrt)."""
+    paddle.seed(0)
+    gate = Gate("sigmoid")
+    files = save_classifier(gate, str(tmp_path / "legacy"), 8, 8, fmt="program")
+    assert files.format == "program" and paddle.nn.functional.sigmoid.__module__.startswith("paddle")
+    x = np.random.RandomState(0).rand(2, 3, 8, 8).astype("float32")
+    got = PaddleInferenceRunner(files).run({"image": x})[0]
+    assert float(np.abs(got - gate(paddle.to_tensor(x)).numpy()).max()) < 1e-5
     with pytest.raises(UnsupportedError) as err:
-        save_classifier(SigmoidGate(), str(tmp_path / "legacy"), 8, 8, fmt="program")
+        save_classifier(Gate("tanh"), str(tmp_path / "tanh"), 8, 8, fmt="program")
     assert str(err.value) == (
-        f"--format program: Paddle {paddle.__version__} cannot trace sigmoid() into a legacy .pdmodel (its API "
+        f"--format program: Paddle {paddle.__version__} cannot trace tanh() into a legacy .pdmodel (its API "
         f"takes PIR values only); export the default PIR .json (--format pir), which deploy --backend trt runs "
         f"through paddle.tensorrt")
-    assert save_classifier(SigmoidGate(), str(tmp_path / "pir"), 8, 8, fmt="pir").format == "pir"
+    assert save_classifier(Gate("tanh"), str(tmp_path / "pir"), 8, 8, fmt="pir").format == "pir"
+
+
+def test_efficientdet_legacy_export_is_refused_in_one_line_naming_the_op(tmp_path):
+    # Before: with sigmoid traced, the detector's next PIR-only op surfaced as dy2static's multi-line
+    # ValueError ("sum(): argument (position 1) must be Value, but got None").
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "export_model.py"), "-c",
+                           "configs/demo/efficientdet_demo.yaml", "--format", "program", "--no-check",
+                           "--output-dir", str(tmp_path / "legacy")], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: --format program: Paddle {paddle.__version__} cannot trace sum() into a legacy "
+                      f".pdmodel (its API takes PIR values only); export the default PIR .json (--format pir), "
+                      f"which deploy --backend trt runs through paddle.tensorrt"]
+    assert "Traceback" not in proc.stderr
