@@ -159,7 +159,7 @@ def verify_export(cfg, model_dir: str, source: str = "val", max_images: Optional
             else:
                 case.update(_judge_detection(case, preds, vset, trained, reference, meta["postprocess"]))
                 case["drop_points"] = (evaluator["AP"] - case["AP"]) * 100
-            case["passed"] = J.gate(case, evaluator, family, max_drop)
+            case["passed"] = J.gate(case, evaluator, family, max_drop, trained.input_max_abs_diff)
             if not case["passed"]:
                 case["cause"] = J.diagnose(case, meta.get("labels"), vset, trained, expected_preprocess,
                                            meta["preprocess"], evaluator, reference_metric)

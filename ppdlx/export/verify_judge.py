@@ -175,7 +175,11 @@ def diagnose(case: dict, labels, vset, trained, expected_preprocess: dict, meta_
             f"agree")
 
 
-def gate(case: dict, evaluator: dict, family: str, max_drop: float) -> bool:
+def gate(case: dict, evaluator: dict, family: str, max_drop: float, input_max_abs_diff: float = 0.0) -> bool:
+    """Whether a case passes. Inputs that differ from ppdlx's fail it whatever its metric did: a weak or
+    colour-blind model can score the same on BGR or wrongly normalised inputs, a deployed one would not."""
+    if input_max_abs_diff > INPUT_TOLERANCE:
+        return False
     if family == "classification":
         points = (evaluator["top1"] - case["top1"]) * 100
         if case["precision"] == "fp32":

@@ -179,6 +179,11 @@ def test_gate_and_the_order_of_causes():
     evaluator = {"top1": 0.80, "top5": 0.95}
     fp32 = {"backend": "onnxruntime", "precision": "fp32", "top1": 0.80, "agreement": 1.0}
     assert J.gate(fp32, evaluator, "classification", 1.0)
+    # other inputs than ppdlx's fail even when the metric survived them (a colour-blind model on BGR)
+    assert J.gate(fp32, evaluator, "classification", 1.0, J.INPUT_TOLERANCE / 2)
+    assert not J.gate(fp32, evaluator, "classification", 1.0, 0.5)
+    assert not J.gate({"precision": "fp32", "AP": 0.3, "AP50": 0.5, "agreement": 1.0}, {"AP": 0.3, "AP50": 0.5},
+                      "detection", 1.0, 0.5)
     assert not J.gate({**fp32, "top1": 0.798}, evaluator, "classification", 1.0)      # 0.2 point
     assert not J.gate({**fp32, "agreement": 0.99}, evaluator, "classification", 1.0)  # same top-1, other images
     int8 = {**fp32, "precision": "int8", "top1": 0.792, "agreement": 0.9}
