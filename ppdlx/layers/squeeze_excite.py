@@ -22,7 +22,10 @@ class SqueezeExcite(nn.Layer):
     def __init__(self, channels, rd_channels, act="relu", data_format="NCHW", init=kaiming_normal_weights,
                  names=("conv_reduce", "conv_expand")):
         super().__init__()
-        self.spatial_axes = [2, 3] if data_format == "NCHW" else [1, 2]
+        # A global average pool, not mean(axis=H, W): Paddle Inference runs pool2d on oneDNN's pooling
+        # kernel, but mean over the spatial axes of an NHWC tensor on oneDNN's reference reduction, two
+        # orders of magnitude slower (see docs/cpu_speed.md, GPUNet).
+        self.squeeze = nn.AdaptiveAvgPool2D(1, data_format=data_format)
         self.rd_channels = rd_channels
         self._reduce_name, self._expand_name = names
         for name, cin, cout in ((names[0], channels, rd_channels), (names[1], rd_channels, channels)):
@@ -33,6 +36,6 @@ class SqueezeExcite(nn.Layer):
         self.gate = nn.Sigmoid()
 
     def forward(self, x):
-        s = x.mean(axis=self.spatial_axes, keepdim=True)
+        s = self.squeeze(x)
         s = self._sub_layers[self._expand_name](self.act(self._sub_layers[self._reduce_name](s)))
         return x * self.gate(s)
