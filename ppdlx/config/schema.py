@@ -15,7 +15,7 @@ import copy
 import math
 from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ppdlx.config.randaugment import parse_rand_augment
 from ppdlx.errors import ConfigError
@@ -54,15 +54,6 @@ def _deep_freeze(value):
         return FrozenDict({k: _deep_freeze(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
         return tuple(_deep_freeze(v) for v in value)
-    return value
-
-
-def _thaw(value):
-    """The plain dicts and lists of a :func:`_deep_freeze` value (for dumping and YAML)."""
-    if isinstance(value, Mapping):
-        return {k: _thaw(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return [_thaw(v) for v in value]
     return value
 
 
@@ -115,10 +106,6 @@ class ModelConfig(Section):
     @classmethod
     def _freeze_args(cls, value):
         return _deep_freeze(value)
-
-    @field_serializer("args")
-    def _thaw_args(self, value):
-        return _thaw(value)
 
 
 class TransformsConfig(Section):

@@ -23,8 +23,8 @@ class SqueezeExcite(nn.Layer):
                  names=("conv_reduce", "conv_expand")):
         super().__init__()
         # A global average pool, not mean(axis=H, W): Paddle Inference runs pool2d on oneDNN's pooling
-        # kernel, but mean over the spatial axes of an NHWC tensor on oneDNN's reference reduction, two
-        # orders of magnitude slower (see docs/cpu_speed.md, GPUNet).
+        # kernel, but the mean over the spatial axes of an NHWC tensor on oneDNN's reference reduction
+        # (measured in docs/cpu_speed.md, GPUNet).
         self.squeeze = nn.AdaptiveAvgPool2D(1, data_format=data_format)
         self.rd_channels = rd_channels
         self._reduce_name, self._expand_name = names
