@@ -320,6 +320,10 @@ class DetectionConfig(Section):
 class ExportConfig(Section):
     output_dir: Optional[str] = None
     output: Literal["logits", "probabilities"] = "logits"
+    # the exported graph's layout, whatever model.data_format trained in (weights are the same in
+    # both): paddle2onnx and paddle.tensorrt convert convolutions as NCHW only, so an NHWC graph
+    # serves Paddle Inference's own GPU and CPU kernels alone
+    data_format: Literal["NCHW", "NHWC"] = "NCHW"
     onnx: bool = False
     opset: int = Field(13, ge=7)
 

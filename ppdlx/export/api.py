@@ -76,6 +76,29 @@ def find_labels(cfg, family: str, weights: Optional[str], num_classes: int) -> O
     return labels
 
 
+def export_layout_cfg(cfg):
+    """``cfg`` with ``model.data_format`` set to the layout the export is written in
+    (``export.data_format``): a model trained in NHWC is exported as NCHW unless told otherwise."""
+    layout = cfg.export.data_format
+    return cfg if cfg.model.data_format == layout else cfg.replace({"model.data_format": layout})
+
+
+def relayout_model(cfg, model):
+    """The same weights in a model built in ``cfg.model.data_format`` (parameters and BatchNorm
+    statistics have one shape in both layouts; only the activations' axes differ)."""
+    from ppdlx.engine.tasks import task_of
+    task = task_of(cfg)
+    rebuilt = task.build_model(cfg, int(getattr(model, "num_classes", cfg.model.num_classes)))
+    task.prepare_model(cfg, rebuilt)
+    missing, unexpected = rebuilt.set_state_dict(model.state_dict())
+    if missing or unexpected:
+        raise ConfigError(f"export.data_format={cfg.model.data_format}: the model built in that layout does not "
+                          f"take the trained weights (missing {list(missing)[:3]}, unexpected "
+                          f"{list(unexpected)[:3]}); export with export.data_format={model.data_format}")
+    rebuilt.eval()
+    return rebuilt
+
+
 def build_trained_model(cfg, weights: Optional[str]):
     """The configured model with ``weights`` loaded, in eval mode: what export saves and what
     ``--verify`` compares the export with. Built by the config's task plug-in, as training and
@@ -154,13 +177,16 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     ensure_output_dir(output_dir)
     onnx = cfg.export.onnx if onnx is None else onnx
     weights = weights if weights is not None else cfg.model.weights
+    cfg = export_layout_cfg(cfg)
+    data_format = cfg.model.data_format
+    if onnx and data_format == "NHWC":
+        raise UnsupportedError("--onnx: paddle2onnx cannot convert NHWC convolutions; leave export.data_format at "
+                               "NCHW (the same weights) for ONNX")
     if model is None:
         model = build_trained_model(cfg, weights)
+    elif getattr(model, "data_format", data_format) != data_format:
+        model = relayout_model(cfg, model)
     model.eval()
-    data_format = getattr(model, "data_format", cfg.model.data_format)
-    if onnx and data_format == "NHWC":
-        raise UnsupportedError("--onnx: paddle2onnx cannot convert NHWC convolutions; export the same weights "
-                               "with model.data_format=NCHW for ONNX (Paddle Inference/TRT take the NHWC export)")
     num_classes = int(getattr(model, "num_classes", cfg.model.num_classes))
     if export_spec is None:
         from ppdlx.engine.tasks import task_of
@@ -211,5 +237,5 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     return report
 
 
-__all__ = ["build_trained_model", "export_model", "find_labels", "labels_from_checkpoint", "labels_from_data",
+__all__ = ["build_trained_model", "export_layout_cfg", "export_model", "find_labels", "labels_from_checkpoint", "labels_from_data",
            "read_labels"]

@@ -107,6 +107,32 @@ def test_pir_trt_refuses_calibration_and_other_gpus(exports):
                               "select the card with CUDA_VISIBLE_DEVICES=2 and --gpu-id 0")
 
 
+class NHWCConvNet(ConvNet):
+    def __init__(self):
+        super().__init__()
+        self.data_format = "NHWC"
+        self.body = nn.Sequential(nn.Conv2D(3, 8, 3, padding=1, bias_attr=False, data_format="NHWC"), nn.ReLU(),
+                                  nn.AdaptiveAvgPool2D(1, data_format="NHWC"), nn.Flatten(), nn.Linear(8, 3))
+
+
+def test_pir_trt_refuses_an_nhwc_graph(tmp_path):
+    """paddle.tensorrt marks pd_op.conv2d convertible whatever its data_format and builds an NCHW
+    TensorRT convolution from it; the legacy subgraph route transposes NHWC ops first
+    (trt_support_nhwc_pass), so only the PIR route is refused."""
+    cfg = load_config(None, ["model.num_classes=3", "data.transforms.crop_size=32", "data.transforms.resize_short=36",
+                             "data.root=/nonexistent", "export.data_format=NHWC"])
+    dirs = {}
+    for fmt in ("pir", "program"):
+        dirs[fmt] = str(tmp_path / fmt)
+        export_model(cfg, output_dir=dirs[fmt], model=NHWCConvNet(), fmt=fmt, check_batch_sizes=(1,))
+    with pytest.raises(D.UnsupportedError) as err:
+        _plan(dirs["pir"], "trt", "fp16", pir_trt_available=True)
+    assert str(err.value) == ("--backend trt: inference.json is an NHWC graph and paddle.tensorrt converts "
+                              "convolutions as NCHW; re-export with -o export.data_format=NCHW (the same weights)")
+    assert _plan(dirs["program"], "trt", "fp16")["engine"] == "paddle-trt-subgraph"
+    assert _plan(dirs["pir"], "paddle-gpu", "fp16")["engine"] == "cuda"
+
+
 def test_legacy_export_plan_uses_the_subgraph_engine(exports, tmp_path):
     plan = _plan(exports["program"], "trt", "fp16", batch_size=4, cache_dir=str(tmp_path / "c"))
     assert plan["engine"] == "paddle-trt-subgraph" and plan["pir_trt"] is None

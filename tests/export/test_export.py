@@ -107,13 +107,34 @@ def test_gpunet_export_matches_dynamic(tmp_path):
 
 
 def test_nhwc_export_paddle_inference_and_onnx_refusal(tmp_path):
-    cfg = small_cfg("resnet18_bottleneck_tiny", **{"model.data_format": "NHWC"})
+    cfg = small_cfg("resnet18_bottleneck_tiny", **{"model.data_format": "NHWC", "export.data_format": "NHWC"})
     model = small_model(cfg)
     report = export_model(cfg, output_dir=str(tmp_path), model=model, check_batch_sizes=BATCHES, atol=TOL, rtol=0.0)
     assert report["inputs"][0]["shape"] == [-1, 64, 64, 3] and report["inputs"][0]["layout"] == "NHWC"
+    assert read_meta(str(tmp_path))["model"]["data_format"] == "NHWC"
     assert max(report["checks"].values()) <= TOL
-    with pytest.raises(UnsupportedError, match="NHWC"):  # paddle2onnx would abort the process
+    with pytest.raises(UnsupportedError, match="export.data_format at NCHW"):  # paddle2onnx would abort the process
         export_model(cfg, output_dir=str(tmp_path / "x"), model=model, onnx=True)
+
+
+def test_a_model_trained_in_nhwc_is_exported_in_nchw_with_the_same_predictions(tmp_path):
+    # what configs/rn50_amp.yaml trains in; ONNX and paddle.tensorrt take NCHW graphs only
+    cfg = small_cfg("resnet18_bottleneck_tiny", **{"model.data_format": "NHWC"})
+    model = small_model(cfg)
+    report = export_model(cfg, output_dir=str(tmp_path), model=model, onnx=True, check_batch_sizes=(1,), atol=TOL,
+                          rtol=0.0)
+    assert report["inputs"][0]["shape"] == [-1, 3, 64, 64] and report["inputs"][0]["layout"] == "NCHW"
+    assert read_meta(str(tmp_path))["model"]["data_format"] == "NCHW"
+    images = np.random.default_rng(1).standard_normal((3, 3, 64, 64)).astype("float32")
+    with paddle.no_grad():
+        trained = model(paddle.to_tensor(images.transpose(0, 2, 3, 1))).numpy()
+    files = find_model_files(str(tmp_path))
+    from ppdlx.export.paddle_export import PaddleInferenceRunner
+    exported = PaddleInferenceRunner(files).run({"image": images})[0]
+    assert float(np.max(np.abs(exported - trained))) <= TOL
+    onnxruntime = pytest.importorskip("onnxruntime")
+    session = onnxruntime.InferenceSession(report["onnx_file"], providers=["CPUExecutionProvider"])
+    assert float(np.max(np.abs(session.run(None, {"image": images})[0] - trained))) <= TOL
 
 
 class Tiny(paddle.nn.Layer):

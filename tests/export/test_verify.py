@@ -95,6 +95,17 @@ def _error_line(proc):
     return errors[0]
 
 
+def test_a_model_trained_in_nhwc_is_verified_in_the_exports_layout(verified, trained, tmp_path):
+    """configs/rn50_amp.yaml trains in NHWC and its export is NCHW (export.data_format): the verify
+    builds the trained model in the export's layout, or every input would differ in shape."""
+    copy = _broken_copy(verified, tmp_path, lambda meta: None)
+    proc = _tool(os.path.join("tools", "export_model.py"), "-c", CONFIG, "-o", *trained["overrides"],
+                 "model.data_format=NHWC", "--output-dir", str(copy), "--verify-only", "--verify-images", str(IMAGES))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = _meta(copy)["verify"]
+    assert record["passed"] is True and record["deploy_inputs"]["max_abs_diff"] <= 1e-3
+
+
 def test_swapped_mean_and_std_fail_as_pre_processing(verified, trained, tmp_path):
     def swap(meta):
         meta["preprocess"]["mean"], meta["preprocess"]["std"] = meta["preprocess"]["std"], meta["preprocess"]["mean"]

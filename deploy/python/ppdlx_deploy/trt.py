@@ -106,6 +106,12 @@ def trt_plan(meta: dict, files: dict, precision: str, gpu_calls: List[dict], *, 
         plan.update(engine=SUBGRAPH, calls=calls, notes=notes, calibration=bool(use_calib))
         return plan
 
+    if meta.get("model", {}).get("data_format") == "NHWC":
+        # pd_op.conv2d is marked convertible whatever its data_format, and the converter builds an
+        # NCHW convolution from it (python/paddle/tensorrt/converter_utils.py convert_conv2d)
+        raise UnsupportedError(f"--backend trt: {os.path.basename(files['model_file'])} is an NHWC graph and "
+                               f"paddle.tensorrt converts convolutions as NCHW; re-export with "
+                               f"-o export.data_format=NCHW (the same weights)")
     if pir_trt_available is None:
         reason = pir_trt_import_error()
     else:
