@@ -230,7 +230,22 @@ def _one_line(D, fn, *args, **kwargs):
         raise ConfigError(f"benchmark infer: {err}") from None
 
 
-def _kernel_profile(D, specs: dict, env: dict, batch_sizes: list, notes: list, reference: str) -> dict:
+def convolution_ratio_bounds(split: dict, median_ms: float, ref_split: dict, ref_median_ms: float) -> tuple:
+    """Bounds on one runtime's convolution time over the reference's without the profilers' cost.
+    A profiler slows the runtime it watches by ``profiled wall - unprofiled median``, somewhere
+    inside or outside the kernels it times (onnxruntime's profiled convolutions can sum to more
+    than its whole unprofiled batch), so each runtime's unprofiled convolution time lies between
+    its profiled time less that cost and its profiled time, and never above its unprofiled median."""
+    def interval(s, median):
+        cost = max(0.0, s["wall_ms"] - median)
+        return max(s["convolution_ms"] - cost, 1e-9), min(s["convolution_ms"], median)
+    lo, hi = interval(split, median_ms)
+    ref_lo, ref_hi = interval(ref_split, ref_median_ms)
+    return lo / ref_hi, hi / ref_lo
+
+
+def _kernel_profile(D, specs: dict, env: dict, batch_sizes: list, notes: list, reference: str,
+                    medians: dict) -> dict:
     """One profiled worker per profiled runtime (:mod:`ppdlx_deploy.kernel_profile`), its split in
     ``notes``, and each runtime's convolution time over the reference's."""
     profiled = {name: spec for name, spec in specs.items() if spec["backend"] in ("paddle-cpu", "onnxruntime")
@@ -245,8 +260,10 @@ def _kernel_profile(D, specs: dict, env: dict, batch_sizes: list, notes: list, r
         for name, split in splits.items():
             line = D.kernel_profile.profile_line(name, split[str(bs)])
             if name != reference and reference in splits:
-                ref = splits[reference][str(bs)]["convolution_ms"]
-                line += f"; convolutions / {reference}'s: {split[str(bs)]['convolution_ms'] / ref:.3f}"
+                ref = splits[reference][str(bs)]
+                lo, hi = convolution_ratio_bounds(split[str(bs)], medians[(name, bs)], ref, medians[(reference, bs)])
+                line += (f"; convolutions / {reference}'s: {split[str(bs)]['convolution_ms'] / ref['convolution_ms']:.3f}"
+                         f" profiled, {lo:.3f}-{hi:.3f} without either profiler's cost")
             notes.append(f"profile bs {bs}: {line}")
     return splits
 
@@ -329,7 +346,8 @@ def run(args) -> dict:
         notes.append(f"bs {ratio['batch_size']}: {ratio['runtime']} / {ratio['reference']} = {_range(ratio)} "
                      f"{verdict} 1; medians {a:.2f} vs {b:.2f} ms; outputs differ by at most "
                      + ("?" if diff is None else f"{diff:.2g}"))
-    profile = _kernel_profile(D, specs, env, batch_sizes, notes, args.reference) if args.profile else None
+    medians = {key: stats["median_ms"] for key, stats in summary["runtimes"].items()}
+    profile = _kernel_profile(D, specs, env, batch_sizes, notes, args.reference, medians) if args.profile else None
     return {"rows": rows, "notes": notes, "model_dir": model_dir, "ratios": summary["ratios"], "profile": profile,
             "order": measured["order"], "workers": workers,
             "threads": {"per_runtime": threads, "environment_given": ppdlx.THREAD_ENV_GIVEN},

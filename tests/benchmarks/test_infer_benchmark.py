@@ -153,6 +153,22 @@ def test_profile_splits_each_batch_into_convolutions_other_kernels_and_the_rest(
     assert r["profile"]["onnxruntime fp32"]["1"]["tool"] == "onnxruntime profiler"
     lines = [n for n in r["notes"] if n.startswith("profile bs 2: paddle-cpu fp32 ")]
     assert len(lines) == 1 and "convolutions / onnxruntime fp32's: " in lines[0]
+    assert " without either profiler's cost" in lines[0]
+
+
+def test_convolution_ratio_bounds_take_out_each_profilers_cost():
+    """The AMD EPYC run of docs/cpu_speed.md at bs 1: onnxruntime's profiled convolutions (59.46 ms)
+    exceed its whole unprofiled batch (50.35 ms), so the profiled ratio 0.864 is no measure."""
+    from ppdlx.benchmarks.infer import convolution_ratio_bounds
+    paddle = {"wall_ms": 59.18, "convolution_ms": 51.36}
+    ort = {"wall_ms": 60.96, "convolution_ms": 59.46}
+    lo, hi = convolution_ratio_bounds(paddle, 55.68, ort, 50.35)
+    assert lo == pytest.approx((51.36 - 3.50) / 50.35) and hi == pytest.approx(51.36 / (59.46 - 10.61))
+    assert lo < 1.0 < hi and 51.36 / 59.46 < lo
+    # a profiler that costs nothing leaves one number
+    same = {"wall_ms": 10.0, "convolution_ms": 8.0}
+    assert convolution_ratio_bounds(same, 10.0, {"wall_ms": 5.0, "convolution_ms": 4.0}, 5.0) == \
+        pytest.approx((2.0, 2.0))
 
 
 def test_onednn_log_lines_are_read_as_kind_implementation_and_time():
