@@ -19,3 +19,12 @@ class UnsupportedError(PpdlxError):
     """A feature that this build / machine cannot run (e.g. fp16 on a CPU build)."""
 
     exit_code = 3
+
+
+def paddle_error_line(err: BaseException) -> str:
+    """The message line of a Paddle error (C++ stack and enforce markers dropped)."""
+    lines = [l.strip() for l in str(err).splitlines() if l.strip() and not l.strip().startswith("[")]
+    line = (lines[-1] if lines else type(err).__name__).split(" (at /paddle")[0]
+    if line == "std::exception":
+        line = "a oneDNN kernel raised dnnl::error"
+    return line.replace("(InvalidType) ", "").rstrip(", ")[:200]

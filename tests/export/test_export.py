@@ -137,6 +137,44 @@ def test_a_model_trained_in_nhwc_is_exported_in_nchw_with_the_same_predictions(t
     assert float(np.max(np.abs(session.run(None, {"image": images})[0] - trained))) <= TOL
 
 
+class BiasedNHWC(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.num_classes, self.data_format = 4, "NHWC"
+        self.conv = paddle.nn.Conv2D(3, 4, 3, padding=1, data_format="NHWC")
+        self.pool = paddle.nn.AdaptiveAvgPool2D(1, data_format="NHWC")
+
+    def forward(self, x):
+        return self.pool(self.conv(x)).flatten(1)
+
+
+def test_a_program_paddle_inference_cannot_run_is_one_line(tmp_path):
+    """Paddle 3.3's CPU predictor fails on a legacy program's NHWC convolution with a bias (a
+    broadcast of the NCHW conv output with an NHWC bias; GPUNet fails in both formats); the export
+    check says so in one line with the fix."""
+    cfg = small_cfg("resnet18_bottleneck_tiny", **{"export.data_format": "NHWC"})
+    with pytest.raises(UnsupportedError) as err:
+        export_model(cfg, output_dir=str(tmp_path), model=BiasedNHWC(), check_batch_sizes=(1,), fmt="program")
+    message = str(err.value)
+    assert message.startswith("export check: Paddle Inference (CPU, oneDNN) cannot run the exported inference.pdmodel: ")
+    assert "Broadcast dimension mismatch" in message and message.endswith("leave export.data_format at NCHW")
+    assert "\n" not in message
+    # the same layer exported in NCHW (the default layout) runs
+    report = export_model(small_cfg("resnet18_bottleneck_tiny"), output_dir=str(tmp_path / "nchw"),
+                          model=_relaid(BiasedNHWC()), check_batch_sizes=(1,), atol=TOL, rtol=0.0, fmt="program")
+    assert max(report["checks"].values()) <= TOL
+
+
+def _relaid(layer):
+    """The layer's weights in the NCHW twin of it."""
+    twin = BiasedNHWC()
+    twin.data_format = "NCHW"
+    twin.conv = paddle.nn.Conv2D(3, 4, 3, padding=1)
+    twin.pool = paddle.nn.AdaptiveAvgPool2D(1)
+    twin.set_state_dict(layer.state_dict())
+    return twin
+
+
 class Tiny(paddle.nn.Layer):
     def __init__(self):
         super().__init__()

@@ -20,15 +20,7 @@ from ppdlx.engine.static import amp as static_amp
 from ppdlx.engine.static.ir_compat import static_graph, use_pir
 from ppdlx.engine.static.program import ProgramSpec, Programs, build_programs
 from ppdlx.engine.static.state import master_weight_names, read_var
-
-
-def first_line(err: BaseException) -> str:
-    """The message line of a Paddle error (C++ stack and enforce markers dropped)."""
-    lines = [l.strip() for l in str(err).splitlines() if l.strip() and not l.strip().startswith("[")]
-    line = (lines[-1] if lines else type(err).__name__).split(" (at /paddle")[0]
-    if line == "std::exception":
-        line = "a oneDNN kernel raised dnnl::error"
-    return line.replace("(InvalidType) ", "").rstrip(", ")[:200]
+from ppdlx.errors import paddle_error_line
 
 
 def _probe_feed(pr: Programs, data_format: str, size: int, num_classes: int) -> dict:
@@ -64,7 +56,7 @@ def amp_step_trains_here(spec: ProgramSpec, input_size: int, num_classes: int, o
                            f"kernel ignores multi_precision")
         return True, ""
     except Exception as err:  # noqa: BLE001 - any failure means "not usable"
-        return False, first_line(err)
+        return False, paddle_error_line(err)
 
 
 def plan_static_amp(amp_cfg, device: str, spec: ProgramSpec, input_size: int, num_classes: int,
