@@ -260,10 +260,10 @@ def _kernel_profile(D, specs: dict, env: dict, batch_sizes: list, notes: list, r
         for name, split in splits.items():
             line = D.kernel_profile.profile_line(name, split[str(bs)])
             if name != reference and reference in splits:
-                ref = splits[reference][str(bs)]
-                lo, hi = convolution_ratio_bounds(split[str(bs)], medians[(name, bs)], ref, medians[(reference, bs)])
-                line += (f"; convolutions / {reference}'s: {split[str(bs)]['convolution_ms'] / ref['convolution_ms']:.3f}"
-                         f" profiled, {lo:.3f}-{hi:.3f} without either profiler's cost")
+                own, ref = split[str(bs)], splits[reference][str(bs)]
+                lo, hi = convolution_ratio_bounds(own, medians[(name, bs)], ref, medians[(reference, bs)])
+                line += (f"; convolutions / {reference}'s: {own['convolution_ms'] / ref['convolution_ms']:.3f} "
+                         f"profiled, {lo:.3f}-{hi:.3f} without either profiler's cost")
             notes.append(f"profile bs {bs}: {line}")
     return splits
 

@@ -99,6 +99,16 @@ def relayout_model(cfg, model):
     return rebuilt
 
 
+def model_in_layout(cfg, weights: Optional[str], model=None):
+    """The trained model in ``cfg.model.data_format``: ``model`` itself, the same weights rebuilt
+    in that layout when ``model`` has the other one, or built from ``weights`` when it is None."""
+    if model is None:
+        return build_trained_model(cfg, weights)
+    if getattr(model, "data_format", cfg.model.data_format) != cfg.model.data_format:
+        return relayout_model(cfg, model)
+    return model
+
+
 def build_trained_model(cfg, weights: Optional[str]):
     """The configured model with ``weights`` loaded, in eval mode: what export saves and what
     ``--verify`` compares the export with. Built by the config's task plug-in, as training and
@@ -193,10 +203,7 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     if onnx and data_format == "NHWC":
         raise UnsupportedError("--onnx: paddle2onnx cannot convert NHWC convolutions; leave export.data_format at "
                                "NCHW (the same weights) for ONNX")
-    if model is None:
-        model = build_trained_model(cfg, weights)
-    elif getattr(model, "data_format", data_format) != data_format:
-        model = relayout_model(cfg, model)
+    model = model_in_layout(cfg, weights, model)
     model.eval()
     num_classes = int(getattr(model, "num_classes", cfg.model.num_classes))
     if export_spec is None:
@@ -248,5 +255,5 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     return report
 
 
-__all__ = ["build_trained_model", "export_layout_cfg", "export_model", "find_labels", "labels_from_checkpoint", "labels_from_data",
-           "read_labels"]
+__all__ = ["build_trained_model", "export_layout_cfg", "export_model", "find_labels", "labels_from_checkpoint",
+           "labels_from_data", "model_in_layout", "read_labels"]

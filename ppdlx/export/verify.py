@@ -114,7 +114,7 @@ def verify_export(cfg, model_dir: str, source: str = "val", max_images: Optional
     """Verify the export in ``model_dir`` against ``cfg``'s model (``model.weights``); returns the
     record also written to ``inference.yml`` as ``verify:`` (``passed``, per case figures, ``failure``)."""
     from ppdlx.benchmarks.infer import load_deploy_module
-    from ppdlx.export.api import build_trained_model, relayout_model
+    from ppdlx.export.api import model_in_layout
     from ppdlx.engine.preprocess_cfg import resolve_preprocessing
     from ppdlx.engine.tasks import task_of
     if not cfg.model.weights:
@@ -131,10 +131,7 @@ def verify_export(cfg, model_dir: str, source: str = "val", max_images: Optional
     if layout != cfg.model.data_format:  # compare in the export's layout, whatever the model trained in
         cfg = cfg.replace({"model.data_format": layout, "export.data_format": layout})
     threads = threads or D.default_threads()
-    if model is None:
-        model = build_trained_model(cfg, cfg.model.weights)
-    elif getattr(model, "data_format", layout) != layout:
-        model = relayout_model(cfg, model)
+    model = model_in_layout(cfg, cfg.model.weights, model)
     expected_preprocess = task_of(cfg).export_spec(cfg, model)["preprocess"]
     workdir = tempfile.mkdtemp(prefix="ppdlx_verify_")
     try:
