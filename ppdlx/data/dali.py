@@ -8,32 +8,33 @@ sharding (the file order of every epoch comes from ``TrainBatchSampler`` /
   CPU-only Paddle build.  ``gpu``: ``mixed`` (nvJPEG) decoding and GPU resize/normalise;
   on a Paddle build without CUDA it fails with one line (``UnsupportedError``).
   Worker threads: ``data.dali.num_threads`` (``data.workers`` is paddle.io's).
-* Reading: ``fn.readers.file(files=..., labels=...)`` gets this rank's file list for
-  the epoch, already shuffled and sharded (``random_shuffle=False``, one shard); labels
-  are the indices of the sorted class folders (``scan_image_folder``, as ImageFolder).
-  The pipeline is rebuilt when the order changes (each training epoch; seeded from
-  ``(global.seed, rank, epoch)``, so a resumed run sees the same order and crops).
+* Reading: one pipeline per loader and run, fed this rank's batches of (file path, label)
+  for the epoch, already shuffled and sharded (``dali_feed``: why not ``fn.readers.file``);
+  labels are the indices of the sorted class folders (``scan_image_folder``, as
+  ImageFolder).  The random crops and flips are seeded once, from ``(global.seed, rank,
+  first epoch of the run)``: a resumed run sees the same order, and crops that are
+  reproducible from that epoch but not those of the run it resumes.
 * Train: ``decoders.image_random_crop`` (area ``scale``, aspect ``ratio``; fused ROI
   decode) -> resize to ``crop_size`` -> ``crop_mirror_normalize`` (coin-flip mirror with
   probability ``hflip``).  ``transforms.random: false`` uses the eval transform and order.
 * Val: decode the centre square that resize-shorter-to-``resize_short`` + centre-crop
   ``crop_size`` would keep (``decoders.image_crop``), resize it to ``crop_size``,
-  normalise.  The reader pads the last batch (``pad_last_batch=True``) and the loader
-  trims the padding off, so every val image is counted exactly once across ranks.
+  normalise.  The last batch is as short as the split leaves it, so every val image is
+  counted exactly once across ranks.
 * Hand-over: both devices run the pipeline directly and pass its outputs through
   ``dali_handover.to_paddle`` (zero-copy DLPack, on paddle's current stream for GPU
-  buffers); everything after it (label reshape, trimming the padded last val batch) is
-  the same code on CPU and GPU.
+  buffers); everything after it (the label reshape) is the same code on CPU and GPU.
 * Corrupt / unreadable files: DALI stops the pipeline, and the batch it stops at need not
-  hold the file (its reader reads ahead).  The loader then tries the files of the batches
+  hold the file (it runs batches ahead).  The loader then tries the files of the batches
   in flight one at a time (``find_undecodable``: the bytes read here, an empty file named
   as such, the rest through a synchronous CPU decoder) and, with
   ``data.dali.corrupt_files: skip`` (default, as the paddle.io path), logs one warning
-  per file, leaves it out for the rest of the run and rebuilds the pipeline from the
-  same position (training batches stay full and ``len(loader)`` stays exact, so ranks
-  stay in step).  With ``error`` it raises ``DataError`` naming the file.  If no single
-  file fails on its own, ``DataError`` carries DALI's message; if no file of this rank's
-  pass is readable, ``DataError`` says so.  Nothing hangs.
+  per file, leaves it out for the rest of the run and builds a new pipeline (DALI
+  invalidates one after an error) that goes on from the same position (training batches
+  stay full and ``len(loader)`` stays exact, so ranks stay in step).  With ``error`` it
+  raises ``DataError`` naming the file.  If no single file fails on its own, ``DataError``
+  carries DALI's message; if no file of this rank's pass is readable, ``DataError`` says
+  so.  Nothing hangs.
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ import nvidia.dali.types as types
 import numpy as np
 import paddle
 
+from ppdlx.data.dali_feed import EpochFeed, read_fed_files, reusable
 from ppdlx.data.dali_handover import check_device, dali_device_id, to_paddle
 from ppdlx.data.image_folder import check_same_classes, require_images_in_every_class, scan_image_folder
 from ppdlx.data.loader_common import nothing_readable, report_unreadable, split_batch_sampler
@@ -56,13 +58,12 @@ _INTERP = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
 _DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16}
 
 
-def _graph(files, labels, t, dali_cfg, data_format, training_random: bool):
+def _graph(feed, t, dali_cfg, data_format, training_random: bool):
     """The DALI graph (traced inside a ``pipeline_def``)."""
     gpu = dali_cfg.device == "gpu"
     decode_dev, op_dev = ("mixed", "gpu") if gpu else ("cpu", "cpu")
     dec_kw = dict(device_memory_padding=211025920, host_memory_padding=140544512) if gpu else {}
-    jpegs, label = fn.readers.file(files=files, labels=labels, random_shuffle=False, pad_last_batch=True,
-                                   name="Reader")
+    jpegs, label = read_fed_files(feed)
     crop, interp = t.crop_size, _INTERP[t.interpolation]
     mirror = 0
     if training_random:
@@ -86,7 +87,6 @@ def _graph(files, labels, t, dali_cfg, data_format, training_random: bool):
         images, device=op_dev, dtype=_DTYPE[dali_cfg.output_dtype],
         output_layout="CHW" if data_format == "NCHW" else "HWC", crop=(crop, crop), mean=list(t.mean),
         std=list(t.std), mirror=mirror, pad_output=dali_cfg.pad_output, out_of_bounds_policy="pad")
-    label = fn.cast(label, dtype=types.INT64)
     if gpu:
         label = label.gpu()
     return images, label
@@ -99,11 +99,8 @@ def _run_pipeline_def(graph_fn, **pipe_kwargs):
 def find_undecodable(paths):
     """``[(path, reason)]`` of the files DALI's CPU decoder cannot read, each tried on its own.
 
-    The bytes are read here and fed through ``external_source``, not through ``fn.readers.file``: that reader
-    reads one sample ahead of the one it hands out (its loader keeps a one-sample buffer when not shuffling,
-    DALI ``dali/operators/reader/loader/loader.h`` ``ReadOne``), so a file it cannot map (an empty file, a
-    vanished one) fails the run of the sample before it, and the position of the failing run names the wrong
-    file. Here each run holds exactly the file being tried.
+    Each file is read here and decoded in a run of its own: a failed run of the loader's pipeline holds a
+    whole batch, and with prefetching it need not be the batch the failing file is in.
     """
     bad, pipe = [], None
 
@@ -182,13 +179,14 @@ class DaliLoader:
         self.classes = found
         self.files = [path for path, _ in samples]
         self.labels = [label for _, label in samples]
+        self._feed = EpochFeed(self.files, self.labels, self.batch_size)
         self.seed = cfg.global_.seed
         self.sampler = split_batch_sampler(self.training, len(samples), self.batch_size, rank, world_size, self.seed,
                                            shuffle=self.transforms.random, source=self.split_dir)
         self.epoch = 0
         self.skipped_files: list = []
         self._bad: set = set()
-        self._pipe = None          # (pipeline, order it reads) when it is at the start of `order`
+        self._pipe = None          # the pipeline, kept between passes that each ran to their end
         self.device = paddle.get_device()  # where batches go: paddle's device, whatever DALI runs on
 
     # ------------------------------------------------------------ interface
@@ -222,14 +220,13 @@ class DaliLoader:
         return out[:need]
 
     # ------------------------------------------------------------ pipeline
-    def _build(self, order: list, position: int):
+    def _build(self, position: int):
         c = self.dali_cfg
         seed = (self.seed * 1_000_003 + self.rank * 7_919 + self.epoch * 104_729 + position) % (2 ** 31 - 1)
         random = self.training and self.transforms.random
 
         def graph():
-            return _graph([self.files[i] for i in order], [self.labels[i] for i in order], self.transforms, c,
-                          self.data_format, random)
+            return _graph(self._feed, self.transforms, c, self.data_format, random)
 
         pipe = _run_pipeline_def(graph, batch_size=self.batch_size, num_threads=c.num_threads,
                                  device_id=dali_device_id(c.device), seed=seed,
@@ -246,15 +243,15 @@ class DaliLoader:
         order = self._order()
         bs = self.batch_size
         batches = len(self) if self.training else math.ceil(len(order) / bs)
-        pipe, built_at = None, 0
-        if self._pipe is not None and self._pipe[1] == order:
-            pipe = self._pipe[0]  # aligned at the start of the same order (val, or a fixed train order)
-        self._pipe = None
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            pipe.reset()  # DALI's end of the last pass (the feed's StopIteration) back to a first iteration
+            self._feed.start(order)
         position, done = 0, 0
         while done < batches and position < len(order):
             if pipe is None:
-                pipe = self._build(order[position:], position)
-                built_at = position
+                self._feed.start(order[position:])
+                pipe = self._build(position)
             try:
                 images, labels = self._next(pipe)
             except RuntimeError as err:
@@ -263,15 +260,11 @@ class DaliLoader:
                 if not self.training:
                     batches = math.ceil(len(order) / bs)
                 continue
-            count = min(bs, len(order) - position)
-            if count < bs:  # padded last val batch: drop the reader's repeats
-                images, labels = images[:count], labels[:count]
-            position += count
+            position += int(labels.shape[0])
             done += 1
             yield images, labels
-        # The reader pads its last batch, so after a whole pass it is back at the start.
-        if pipe is not None and position == len(order) and built_at == 0:
-            self._pipe = (pipe, order)
+        if reusable(pipe, position, len(order)):
+            self._pipe = pipe
 
     def _skip_unreadable(self, order, position, err):
         window = self.batch_size * (self.dali_cfg.prefetch_queue_depth + 2)

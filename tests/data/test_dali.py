@@ -97,6 +97,32 @@ def test_train_shapes_dtypes_range_and_labels(tree):
     assert sorted(ids_next) == list(range(24)) and ids_next != ids  # reshuffled per epoch
 
 
+@pytest.mark.parametrize("depth", [1, 3])
+def test_one_pipeline_reads_each_epochs_sampler_order(tree, depth):
+    """Every epoch yields exactly its sampler order through the pipeline built for the first one, also
+    after an epoch left early (its batches in flight must not leak into the next)."""
+    root, _ = tree
+    loader = build_classification_loader(_cfg(root, f"data.dali.prefetch_queue_depth={depth}"), "train")
+
+    def sampler_ids(epoch):
+        loader.sampler.set_epoch(epoch)
+        return [int(os.path.basename(loader.files[i])[:3]) for batch in loader.sampler for i in batch]
+
+    ids, _, _ = _epoch(loader, 0)
+    first_pipe = loader._pipe
+    assert ids == sampler_ids(0) and first_pipe is not None
+    ids, _, _ = _epoch(loader, 1)
+    assert ids == sampler_ids(1) != sampler_ids(0) and loader._pipe is first_pipe
+    loader.set_epoch(2)
+    for step, _ in enumerate(loader):  # an epoch left after one batch
+        break
+    assert loader._pipe is None
+    for epoch in (3, 4):
+        ids, _, sizes = _epoch(loader, epoch)
+        assert ids == sampler_ids(epoch) and sizes == [4] * 6
+    assert loader._pipe is not None and loader._pipe is not first_pipe
+
+
 def test_nhwc_float16_pad_output(tree):
     root, _ = tree
     cfg = _cfg(root, "model.data_format=NHWC", "data.dali.output_dtype=float16", "data.dali.pad_output=true")
@@ -196,13 +222,19 @@ BATCH_FORMS = {
 }
 
 
+def _first_raw_batch(loader):
+    """The DALI outputs of the loader's first batch, before the hand-over to paddle."""
+    loader._feed.start(loader._order())
+    return loader._build(0).run()
+
+
 @pytest.mark.parametrize("form", sorted(BATCH_FORMS))
 def test_every_output_form_reaches_a_model_as_a_paddle_tensor(tree, form):
     """The hand-over both devices use, fed each object DALI or its paddle plugin yields for a batch."""
     from ppdlx.models.resnet import resnet_tiny
     root, _ = tree
     loader = dali_backend.build_dali_loader(_cfg(root), "val")
-    images, labels = loader._build(loader._order(), 0).run()
+    images, labels = _first_raw_batch(loader)
     assert type(BATCH_FORMS[form](images)).__name__ == {"TensorList": "TensorListCPU", "as_tensor": "TensorCPU",
                                                         "paddle.Tensor": "Tensor"}.get(form, "DenseTensor")
     x = dali_backend.to_paddle(BATCH_FORMS[form](images), loader.device)
@@ -214,7 +246,7 @@ def test_every_output_form_reaches_a_model_as_a_paddle_tensor(tree, form):
     paddle.seed(0)
     model = resnet_tiny(num_classes=3)
     model.eval()
-    logits = model(x[:3])  # as the loader trims a padded last batch
+    logits = model(x[:3])
     loss = paddle.nn.functional.cross_entropy(logits, y[:3])
     assert logits.shape == [3, 3] and np.isfinite(float(loss))
 
@@ -223,7 +255,7 @@ def test_every_output_form_reaches_a_model_as_a_paddle_tensor(tree, form):
 def test_per_sample_outputs_become_paddle_tensors(tree, accessor):
     root, _ = tree
     loader = dali_backend.build_dali_loader(_cfg(root), "val")
-    images, _ = loader._build(loader._order(), 0).run()
+    images, _ = _first_raw_batch(loader)
     reference = images.as_array()
     for i in range(len(images)):
         sample = images.at(i) if accessor == "at" else images[i]
