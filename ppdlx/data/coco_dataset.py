@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image
 
 from ppdlx.config.preprocess import require_detection_resolved
-from ppdlx.data.coco_geometry import eval_size, pad_targets, train_window, transform_boxes
+from ppdlx.data.coco_geometry import eval_size, pad_targets, record_boxes, train_window, transform_boxes
 from ppdlx.data.coco_index import CocoIndex, IndexedByCoco, coco_paths, shared_index
 from ppdlx.data.image_folder import sample_rng
 from ppdlx.data.loader_common import PaddleIOLoader
@@ -64,16 +64,14 @@ class CocoDetection(IndexedByCoco):
 
     def transform(self, img, rec, rng):
         """PIL image + record -> (normalised padded image, boxes xyxy, labels, image_scale)."""
-        boxes, labels = rec["boxes"], rec["labels"]
-        if self.training and self.skip_crowd:
-            boxes, labels = boxes[~rec["crowd"]], labels[~rec["crowd"]]
         width, height = img.size
         size = self.size
-        if self.training and self.random:
-            if self.hflip > 0 and rng.uniform() < self.hflip:
-                img = img.transpose(Image.FLIP_LEFT_RIGHT)
-                boxes = np.stack([width - boxes[:, 2], boxes[:, 1], width - boxes[:, 0], boxes[:, 3]], 1) \
-                    if len(boxes) else boxes
+        random = self.training and self.random
+        flip = random and self.hflip > 0 and rng.uniform() < self.hflip
+        boxes, labels = record_boxes(rec, self.training and self.skip_crowd, width if flip else None)
+        if flip:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        if random:
             sw, sh, ox, oy = train_window(width, height, size, self.scale_range, rng)
             image_scale = width / sw  # approximately; only eval uses it
         else:

@@ -33,6 +33,17 @@ def eval_size(width, height, size):
     return sw, sh, 1.0 / scale
 
 
+def record_boxes(rec, skip_crowd: bool, flip_width=None):
+    """A ``CocoIndex`` record's xyxy boxes and labels, crowd boxes left out when ``skip_crowd``, mirrored
+    over an image ``flip_width`` wide when it is given (the image was flipped horizontally)."""
+    boxes, labels = rec["boxes"], rec["labels"]
+    if skip_crowd:
+        boxes, labels = boxes[~rec["crowd"]], labels[~rec["crowd"]]
+    if flip_width is not None and len(boxes):
+        boxes = np.stack([flip_width - boxes[:, 2], boxes[:, 1], flip_width - boxes[:, 0], boxes[:, 3]], 1)
+    return boxes, labels
+
+
 def transform_boxes(boxes_xyxy, fx, fy, ox, oy, size):
     """Scale by (fx, fy), shift by (-ox, -oy), clip to [0, size], drop empty boxes.
     Returns ``(boxes xyxy, keep mask)``."""
