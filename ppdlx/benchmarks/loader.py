@@ -49,7 +49,7 @@ def add_arguments(p):
                    help="1 = also time DALI CPU stages (decode, resize, normalise) on one thread, 0 = skip")
     p.add_argument("--e2e-config", default=DEFAULT_E2E_CONFIG,
                    help="config for the end-to-end real-vs-synthetic training measurement ('' to skip)")
-    p.add_argument("--e2e-epochs", type=int, default=3, help="timed epochs per end-to-end case")
+    p.add_argument("--e2e-epochs", type=int, default=3, help="timed epochs per end-to-end case (0 skips it)")
     p.add_argument("--e2e-steps", type=int, default=None, help="cap on steps per epoch (default: whole epoch)")
 
 
@@ -197,8 +197,12 @@ def _dali_stage_profile(args, cfg, notes):
     files = [path for path, _ in scan_image_folder(os.path.join(args.data, "train"))[1]][:args.unique]
     t = cfg.data.transforms
 
+    from ppdlx.data.dali_feed import EpochFeed, read_fed_files
+    batch = 32
+    feed = EpochFeed(files, [0] * len(files), batch)  # the loader's reading: fed paths, fn.io.file.read
+
     def graph(stage):
-        jpegs, _ = fn.readers.file(files=files, random_shuffle=False, name="Reader")
+        jpegs, _ = read_fed_files(feed)
         if stage == "read":
             return jpegs
         if stage.startswith("full_decode"):
@@ -217,9 +221,9 @@ def _dali_stage_profile(args, cfg, notes):
     from ppdlx.data.dali import _run_pipeline_def
     stages = ["read", "full_decode", "roi_decode", "resize", "resize_no_antialias", "normalise"]
     ms = {k: [] for k in stages}
-    batch = 32
     for _ in range(3):
         for stage in stages:
+            feed.start([i % len(files) for i in range(5 * batch)])
             pipe = _run_pipeline_def(lambda: graph(stage), batch_size=batch, num_threads=1, device_id=None, seed=1,
                                      prefetch_queue_depth=1, exec_pipelined=False, exec_async=False)
             pipe.build()
@@ -326,6 +330,6 @@ def _run_e2e(args, notes):
 def run(args) -> dict:
     notes: list = []
     rows = _run_loaders(args, notes) if args.steps > 0 else []
-    if args.e2e_config:
+    if args.e2e_config and args.e2e_epochs > 0:
         rows += _run_e2e(args, notes)
     return {"rows": rows, "notes": notes}
