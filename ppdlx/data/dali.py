@@ -48,7 +48,7 @@ import nvidia.dali.types as types
 import numpy as np
 import paddle
 
-from ppdlx.data.dali_feed import EpochFeed, read_fed_files, reusable
+from ppdlx.data.dali_feed import EpochFeed, drained, read_fed_files
 from ppdlx.data.dali_handover import check_device, dali_device_id, to_paddle
 from ppdlx.data.image_folder import check_same_classes, require_images_in_every_class, scan_image_folder
 from ppdlx.data.loader_common import nothing_readable, report_unreadable, split_batch_sampler
@@ -186,7 +186,7 @@ class DaliLoader:
         self.epoch = 0
         self.skipped_files: list = []
         self._bad: set = set()
-        self._pipe = None          # the pipeline, kept between passes that each ran to their end
+        self._pipe = None          # the pipeline, between passes
         self.device = paddle.get_device()  # where batches go: paddle's device, whatever DALI runs on
 
     # ------------------------------------------------------------ interface
@@ -248,23 +248,26 @@ class DaliLoader:
             pipe.reset()  # DALI's end of the last pass (the feed's StopIteration) back to a first iteration
             self._feed.start(order)
         position, done = 0, 0
-        while done < batches and position < len(order):
-            if pipe is None:
-                self._feed.start(order[position:])
-                pipe = self._build(position)
-            try:
-                images, labels = self._next(pipe)
-            except RuntimeError as err:
-                pipe = None
-                order = self._skip_unreadable(order, position, err)
-                if not self.training:
-                    batches = math.ceil(len(order) / bs)
-                continue
-            position += int(labels.shape[0])
-            done += 1
-            yield images, labels
-        if reusable(pipe, position, len(order)):
-            self._pipe = pipe
+        try:
+            while done < batches and position < len(order):
+                if pipe is None:
+                    self._feed.start(order[position:])
+                    pipe = self._build(position)
+                try:
+                    images, labels = self._next(pipe)
+                except RuntimeError as err:
+                    pipe = None
+                    order = self._skip_unreadable(order, position, err)
+                    if not self.training:
+                        batches = math.ceil(len(order) / bs)
+                    continue
+                position += int(labels.shape[0])
+                done += 1
+                yield images, labels
+        except GeneratorExit:
+            pass  # the consumer left the pass early; the pipeline is drained below
+        if pipe is not None:
+            self._pipe = drained(pipe, self._feed)
 
     def _skip_unreadable(self, order, position, err):
         window = self.batch_size * (self.dali_cfg.prefetch_queue_depth + 2)

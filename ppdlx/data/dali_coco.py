@@ -39,7 +39,7 @@ import paddle
 from ppdlx.config.preprocess import require_detection_resolved
 from ppdlx.data.coco_geometry import pad_targets, record_boxes, transform_boxes
 from ppdlx.data.coco_index import IndexedByCoco, coco_paths, shared_index
-from ppdlx.data.dali_feed import EpochFeed, read_fed_files, reusable
+from ppdlx.data.dali_feed import EpochFeed, drained, read_fed_files
 from ppdlx.data.dali_handover import check_device, dali_device_id, to_paddle
 from ppdlx.data.loader_common import split_batch_sampler
 from ppdlx.errors import DataError
@@ -106,7 +106,7 @@ class DaliCocoLoader(IndexedByCoco):
                                            self.seed, shuffle=self.transforms.random, source=json_path)
         self.epoch = 0
         self.skipped_files: list = []
-        self._pipe = None          # the pipeline, kept between passes that each ran to their end
+        self._pipe = None          # the pipeline, between passes
         self.device = paddle.get_device()  # where images go: paddle's device, whatever DALI runs on
 
     # ------------------------------------------------------------ interface
@@ -161,23 +161,22 @@ class DaliCocoLoader(IndexedByCoco):
             pipe = self._build()
         pipe.reset()  # DALI's end of the last pass (the feed's StopIteration) back to a first iteration
         self._feed.start(order)
-        position = 0
-        for _ in range(math.ceil(len(order) / self.batch_size)):
-            try:
-                images, records, geometry = pipe.run()
-            except RuntimeError as err:
-                raise DataError(f"{self.index.json_path}: DALI pipeline failed at batch "
-                                f"{position // self.batch_size + 1} of epoch {self.epoch + 1}: "
-                                f"{str(err).strip().splitlines()[0][:300]}") from None
-            records = np.asarray(records.as_array()).reshape(-1)
-            geometry = np.asarray(geometry.as_array(), np.float32)
-            gt_boxes, gt_classes = self._targets(records, geometry)
-            image_ids = np.asarray([self.index.records[i]["id"] for i in records], np.int64)
-            position += len(records)
-            yield (to_paddle(images, self.device), paddle.to_tensor(gt_boxes), paddle.to_tensor(gt_classes),
-                   paddle.to_tensor(image_ids), paddle.to_tensor(geometry[:, 4].copy()))
-        if reusable(pipe, position, len(order)):
-            self._pipe = pipe
+        try:
+            for batch in range(math.ceil(len(order) / self.batch_size)):
+                try:
+                    images, records, geometry = pipe.run()
+                except RuntimeError as err:
+                    raise DataError(f"{self.index.json_path}: DALI pipeline failed at batch {batch + 1} of epoch "
+                                    f"{self.epoch + 1}: {str(err).strip().splitlines()[0][:300]}") from None
+                records = np.asarray(records.as_array()).reshape(-1)
+                geometry = np.asarray(geometry.as_array(), np.float32)
+                gt_boxes, gt_classes = self._targets(records, geometry)
+                image_ids = np.asarray([self.index.records[i]["id"] for i in records], np.int64)
+                yield (to_paddle(images, self.device), paddle.to_tensor(gt_boxes), paddle.to_tensor(gt_classes),
+                       paddle.to_tensor(image_ids), paddle.to_tensor(geometry[:, 4].copy()))
+        except GeneratorExit:
+            pass  # the consumer left the pass early; the pipeline is drained below
+        self._pipe = drained(pipe, self._feed)
 
 
 def build_dali_coco_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None):

@@ -4,7 +4,7 @@ DALI's readers (``fn.readers.file``, ``fn.readers.coco``) fix their file list wh
 is built, so following the sampler's new order every epoch meant a new pipeline every epoch,
 and each one left host memory behind (``docs/data.md``). Here the loader hands DALI the batches
 of its sampler's order through ``fn.external_source`` and ``fn.io.file.read`` reads the bytes on
-DALI's threads; a pipeline whose pass ran to its end is reset and serves the next one.
+DALI's threads; after each pass the pipeline is reset and serves the next one.
 """
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ class EpochFeed:
         order = np.asarray(order, np.int64)
         self._chunks = iter([order[i: i + self.batch_size] for i in range(0, len(order), self.batch_size)])
 
+    def stop(self) -> None:
+        self._chunks = iter(())
+
     def __call__(self):
         chunk = next(self._chunks)
         return [np.frombuffer(self.paths[i].encode(), np.uint8) for i in chunk], self.values[chunk][:, None]
@@ -40,7 +43,19 @@ def read_fed_files(feed: EpochFeed):
     return fn.io.file.read(paths), values
 
 
-def reusable(pipe, position: int, total: int) -> bool:
-    """Whether a pipeline can serve the next pass: this one ran to its end with nothing left in flight
-    (a pass left early still holds batches of its order)."""
-    return pipe is not None and position == total and pipe.empty()
+def drained(pipe, feed: EpochFeed):
+    """``pipe`` ready for the next pass, or None if DALI fails on a batch still in flight.
+
+    A pass read to its end leaves nothing in flight. A pass left early (the trainer stops at its
+    last whole accumulation window, or at ``train.steps_per_epoch``) leaves up to
+    ``prefetch_queue_depth`` batches of its order in DALI: the feed stops and they are read and
+    dropped, rather than building a new pipeline for the next pass.
+    """
+    feed.stop()
+    try:
+        while True:
+            pipe.run()
+    except StopIteration:
+        return pipe
+    except RuntimeError:
+        return None
