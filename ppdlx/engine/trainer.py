@@ -146,9 +146,8 @@ class Trainer:
         micro_total = steps * self.accumulate
         self.step_in_epoch = self.images_in_epoch = 0
         self.call_hooks("before_epoch")
-        for micro, batch in enumerate(self.train_loader):
-            if micro >= micro_total:
-                break
+        # zip takes from the range first: no batch past the last whole window is read.
+        for micro, batch in zip(range(micro_total), self.train_loader):
             last_of_window = (micro + 1) % self.accumulate == 0
             if micro % self.accumulate == 0:
                 self.call_hooks("before_step")
