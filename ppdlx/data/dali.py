@@ -12,8 +12,8 @@ sharding (the file order of every epoch comes from ``TrainBatchSampler`` /
   for the epoch, already shuffled and sharded (``dali_feed``: why not ``fn.readers.file``);
   labels are the indices of the sorted class folders (``scan_image_folder``, as
   ImageFolder).  The random crops and flips are seeded once, from ``(global.seed, rank,
-  first epoch of the run)``: a resumed run sees the same order, and crops that are
-  reproducible from that epoch but not those of the run it resumes.
+  first epoch of the run)``; a resumed run restores the pipeline's random state from the
+  checkpoint (``dali_feed.ResumableRandomState``), so it draws the crops of the run it resumes.
 * Train: ``decoders.image_random_crop`` (area ``scale``, aspect ``ratio``; fused ROI
   decode) -> resize to ``crop_size`` -> ``crop_mirror_normalize`` (coin-flip mirror with
   probability ``hflip``).  ``transforms.random: false`` uses the eval transform and order.
@@ -48,7 +48,7 @@ import nvidia.dali.types as types
 import numpy as np
 import paddle
 
-from ppdlx.data.dali_feed import EpochFeed, drained, read_fed_files
+from ppdlx.data.dali_feed import EpochFeed, ResumableRandomState, drained, read_fed_files
 from ppdlx.data.dali_handover import check_device, dali_device_id, to_paddle
 from ppdlx.data.image_folder import check_same_classes, require_images_in_every_class, scan_image_folder
 from ppdlx.data.loader_common import nothing_readable, report_unreadable, split_batch_sampler
@@ -150,11 +150,12 @@ def _first_line(err, default=""):
     return (useful or [default])[0][:200]
 
 
-class DaliLoader:
+class DaliLoader(ResumableRandomState):
     """``(images, labels)`` paddle tensors from a DALI pipeline, one epoch per ``iter()``.
 
     Same interface as ``ImageFolderLoader``: ``len()`` (batches of this rank),
-    ``set_epoch``, ``num_images`` (images in the split), ``classes``, ``skipped_files``.
+    ``set_epoch``, ``num_images`` (images in the split), ``classes``, ``skipped_files``;
+    and ``state_dict``/``set_state_dict`` (``ResumableRandomState``).
     """
 
     def __init__(self, cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, classes=None):
@@ -228,11 +229,9 @@ class DaliLoader:
         def graph():
             return _graph(self._feed, self.transforms, c, self.data_format, random)
 
-        pipe = _run_pipeline_def(graph, batch_size=self.batch_size, num_threads=c.num_threads,
-                                 device_id=dali_device_id(c.device), seed=seed,
-                                 prefetch_queue_depth=c.prefetch_queue_depth, exec_dynamic=True)
-        pipe.build()
-        return pipe
+        return self._built(graph, random, batch_size=self.batch_size, num_threads=c.num_threads,
+                           device_id=dali_device_id(c.device), seed=seed,
+                           prefetch_queue_depth=c.prefetch_queue_depth, exec_dynamic=True)
 
     def _next(self, pipe):
         images, labels = pipe.run()

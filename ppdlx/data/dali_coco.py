@@ -8,7 +8,8 @@ int64 (-1 pad), image_ids [N] int64, image_scales [N] float32)``.
   paddle.io), and the boxes stay on the host: DALI gets each image's file and record index.
 * Order: one pipeline per loader and run, fed this rank's batches of the epoch from
   ``TrainBatchSampler`` / ``EvalBatchSampler`` (``dali_feed``), so both backends read the same
-  samples. Random flips and scales are seeded once, from (seed, rank, first epoch of the run).
+  samples. Random flips and scales are seeded once, from (seed, rank, first epoch of the run), and
+  restored from the checkpoint on resume (``dali_feed.ResumableRandomState``).
   Val's last batch is as short as the split leaves it: every image counted once.
 * Graph: ``peek_image_shape`` -> decode (``cpu``, or ``mixed`` nvJPEG on GPU) -> train:
   ``random.coin_flip`` + ``flip`` of the image, scale factor ``r ~ U(scale_range)``, integer
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import math
 
-import nvidia.dali as dali
 import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
 import nvidia.dali.types as types
@@ -39,7 +39,7 @@ import paddle
 from ppdlx.config.preprocess import require_detection_resolved
 from ppdlx.data.coco_geometry import pad_targets, record_boxes, transform_boxes
 from ppdlx.data.coco_index import IndexedByCoco, coco_paths, shared_index
-from ppdlx.data.dali_feed import EpochFeed, drained, read_fed_files
+from ppdlx.data.dali_feed import EpochFeed, ResumableRandomState, drained, read_fed_files
 from ppdlx.data.dali_handover import check_device, dali_device_id, to_paddle
 from ppdlx.data.loader_common import split_batch_sampler
 from ppdlx.errors import DataError
@@ -86,7 +86,7 @@ def _graph(feed, size, mean, std, training_random, hflip, scale_range, interpola
     return images, record, geometry
 
 
-class DaliCocoLoader(IndexedByCoco):
+class DaliCocoLoader(ResumableRandomState, IndexedByCoco):
     """Detection batches from a DALI pipeline, one epoch per ``iter()``; same interface as ``CocoLoader``."""
 
     def __init__(self, cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None):
@@ -134,11 +134,9 @@ class DaliCocoLoader(IndexedByCoco):
             return _graph(self._feed, cc.image_size, t.mean, t.std, self.training and t.random, t.hflip,
                           cc.scale_range, t.interpolation, self.data_format, c.device)
 
-        pipe = dali.pipeline_def(graph)(batch_size=self.batch_size, num_threads=c.num_threads,
-                                        device_id=dali_device_id(c.device), seed=seed,
-                                        prefetch_queue_depth=c.prefetch_queue_depth, exec_dynamic=True)
-        pipe.build()
-        return pipe
+        return self._built(graph, self.training and t.random, batch_size=self.batch_size, num_threads=c.num_threads,
+                           device_id=dali_device_id(c.device), seed=seed,
+                           prefetch_queue_depth=c.prefetch_queue_depth, exec_dynamic=True)
 
     def _targets(self, records, geometry):
         s, m = self.coco_cfg.image_size, self.coco_cfg.max_instances

@@ -8,9 +8,14 @@ DALI's threads; after each pass the pipeline is reset and serves the next one.
 """
 from __future__ import annotations
 
+import logging
+
+import nvidia.dali as dali
 import nvidia.dali.fn as fn
 import nvidia.dali.types as types
 import numpy as np
+
+log = logging.getLogger("ppdlx.data")
 
 
 class EpochFeed:
@@ -32,14 +37,15 @@ class EpochFeed:
     def stop(self) -> None:
         self._chunks = iter(())
 
-    def __call__(self):
+    def __call__(self, batch_info):  # DALI's iteration count is not used: the order is the loader's
         chunk = next(self._chunks)
         return [np.frombuffer(self.paths[i].encode(), np.uint8) for i in chunk], self.values[chunk][:, None]
 
 
 def read_fed_files(feed: EpochFeed):
     """Inside a pipeline definition: ``(encoded file bytes, value per sample as int64 [1])``."""
-    paths, values = fn.external_source(source=feed, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64])
+    paths, values = fn.external_source(source=feed, num_outputs=2, batch=True, batch_info=True,
+                                       dtype=[types.UINT8, types.INT64])
     return fn.io.file.read(paths), values
 
 
@@ -59,3 +65,49 @@ def drained(pipe, feed: EpochFeed):
         return pipe
     except RuntimeError:
         return None
+
+
+class ResumableRandomState:
+    """The random state (crops, flips, scales) of a DALI loader's training pipeline between passes.
+
+    One pipeline per run draws each epoch's randomness after the last one's, so a resumed run draws
+    the crops of the run it resumes only if it starts from the same state: ``state_dict`` holds the
+    pipeline's DALI checkpoint (operator random states), the trainer keeps it with each training
+    checkpoint, and ``set_state_dict`` makes the next pipeline start from it. Only pipelines with
+    random operators enable DALI's checkpointing (``random``); a pipeline whose state cannot be saved
+    gives None, and the resumed run draws afresh and says so.
+    """
+
+    _pipe = None
+    _restore = None
+    _random = False  # the pipelines built track their random state
+
+    def state_dict(self) -> dict:
+        pipe, saved = self._pipe, None
+        if pipe is not None and self._random:
+            try:
+                saved = pipe.checkpoint()
+            except RuntimeError as err:
+                log.warning("DALI cannot save this pipeline's random state (%s): a run resumed from this checkpoint "
+                            "draws its crops afresh", str(err).strip().splitlines()[0][:200])
+        return {"dali_checkpoint": saved}
+
+    def set_state_dict(self, state: dict) -> None:
+        self._restore, self._pipe = state.get("dali_checkpoint"), None
+
+    def _built(self, graph, random: bool, **pipeline_kwargs):
+        """The pipeline of ``graph``, built; with ``random``, trackable by DALI's checkpointing and, the first
+        time after ``set_state_dict``, started from the saved state."""
+        restore, self._restore = self._restore, None
+        self._random = random
+        if random and restore is not None:
+            try:
+                pipe = dali.pipeline_def(graph)(enable_checkpointing=True, checkpoint=restore, **pipeline_kwargs)
+                pipe.build()
+                return pipe
+            except (RuntimeError, ValueError) as err:
+                log.warning("the checkpoint's DALI random state does not fit this pipeline (%s): crops and flips "
+                            "are drawn afresh from here", str(err).strip().splitlines()[0][:200])
+        pipe = dali.pipeline_def(graph)(enable_checkpointing=random, **pipeline_kwargs)
+        pipe.build()
+        return pipe

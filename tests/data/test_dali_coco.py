@@ -91,6 +91,27 @@ def test_dali_augmented_boxes_sit_on_their_shapes(shapes, hflip):
     assert checked >= 20 and len(pipes) == 1
 
 
+def test_a_resumed_loader_draws_the_flips_and_scales_of_the_run_it_resumes(shapes):
+    cfg = _cfg(shapes, "data.backend=dali", "data.transforms.hflip=0.5", "data.coco.scale_range=[0.5,2.0]")
+    first = build_coco_loader(cfg, "train")
+    first.set_epoch(0)
+    list(first)
+    state = first.state_dict()
+    first.set_epoch(1)
+    expected = [(b.numpy(), s.numpy()) for _, b, _, _, s in first]
+    resumed = build_coco_loader(cfg, "train")
+    resumed.set_state_dict(state)
+    resumed.set_epoch(1)
+    got = [(b.numpy(), s.numpy()) for _, b, _, _, s in resumed]
+    assert len(got) == len(expected) == 3
+    for (b1, s1), (b2, s2) in zip(expected, got):
+        np.testing.assert_array_equal(b1, b2)
+        np.testing.assert_array_equal(s1, s2)
+    fresh = build_coco_loader(cfg, "train")  # without the state: the same order, other draws
+    fresh.set_epoch(1)
+    assert any(not np.array_equal(b1, b.numpy()) for (b1, _), (_, b, _, _, _) in zip(expected, fresh))
+
+
 def test_gpu_on_a_cpu_build_is_one_line(shapes):
     import paddle
     if paddle.is_compiled_with_cuda():
