@@ -210,6 +210,7 @@ class Checkpoint(Hook):
     def save(self, improved: bool) -> None:
         t = self.trainer
         t.check_weights(t.epoch)  # every rank (the verdict is reduced over ranks): NaN weights are never saved
+        t.gather_loader_states()  # every rank: each draws its own crops
         if self.rank != 0:
             return
         ckpt.save_epoch(self.output_dir, t.epoch, *t.checkpoint(), identity=self.identity, improved=improved,

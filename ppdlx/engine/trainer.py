@@ -111,6 +111,7 @@ class Trainer:
         self.result: Optional[StepResult] = None
         self.at_log_step = False        # this window ends a log interval (device values are read)
         self.nonfinite = NonFiniteCounter(max_nonfinite_steps)
+        self.loader_states: Optional[list] = None  # every rank's train-loader state at the last save
         self.hooks = []
         step.attach(self)
         self.register_hooks(hooks)
@@ -203,7 +204,22 @@ class Trainer:
             if key is not None:
                 states[key] = hook.state_dict()
         states["rng"] = ckpt.capture_rng()
+        if self.loader_states is not None:
+            states["train_loader"] = self.loader_states
         return states
+
+    def gather_loader_states(self) -> None:
+        """On every rank before a save: the train loaders' states (a DALI pipeline's random state; each rank
+        draws its own), for rank 0 to write with the checkpoint. A loader without state gathers nothing."""
+        if not callable(getattr(self.train_loader, "state_dict", None)):
+            return
+        own = self.train_loader.state_dict()
+        if self.world_size > 1:
+            gathered: list = []
+            paddle.distributed.all_gather_object(gathered, own)
+            self.loader_states = gathered
+        else:
+            self.loader_states = [own]
 
     def checkpoint(self):
         """``(model state, optimizer state, .pdstates)`` in the layout every graph mode reads."""
@@ -221,8 +237,20 @@ class Trainer:
             if key is not None and key in states:
                 hook.set_state_dict(states[key])
         ckpt.restore_rng(states["rng"])
+        self._restore_loader_state(states.get("train_loader"), prefix)
         shown = f"{prefix} -> {os.readlink(prefix)}" if os.path.islink(prefix) else prefix
         log.info("resumed from %s at epoch %d (step %d)", shown, self.epoch, self.global_step)
+
+
+    def _restore_loader_state(self, loader_states, prefix: str) -> None:
+        if not callable(getattr(self.train_loader, "set_state_dict", None)):
+            return
+        if loader_states is not None and len(loader_states) == self.world_size:
+            self.train_loader.set_state_dict(loader_states[self.rank])
+            return
+        held = "no data loader state" if loader_states is None else f"the loader states of {len(loader_states)} ranks"
+        log.info("%s holds %s for this run's %d rank(s): the data pipeline's crops and flips are drawn afresh "
+                 "(the sample order is the same)", prefix, held, self.world_size)
 
 
 def state_key(hook) -> Optional[str]:

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from ppdlx.engine.checkpoint import load_states
 from tests.conftest import make_digits_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -82,6 +83,9 @@ def test_two_ranks_train_in_sync_and_count_every_val_image_once(odd_tree, tmp_pa
     import paddle
     on_disk = paddle.load(str(out / "latest" / "model.pdparams"))
     assert all(np.array_equal(on_disk[k].numpy(), saved[k]) for k in saved.files)
+    # each rank's DALI random state, gathered to rank 0's checkpoint (each rank draws its own crops)
+    loader_states = load_states(str(out / "latest.pdstates"))["train_loader"]
+    assert len(loader_states) == 2 and loader_states[0]["dali_checkpoint"] != loader_states[1]["dali_checkpoint"]
 
 
 def test_three_ranks_stay_in_sync_on_uneven_shards_and_count_every_val_image_once(tiny_tree, tmp_path):

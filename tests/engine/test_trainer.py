@@ -143,6 +143,47 @@ def test_checkpoint_state_collects_run_step_and_hook_state_and_resume_restores_i
     assert step.loaded == (["w"], "scripted")
 
 
+class SavingStep(ScriptedStep):
+    def model_state(self):
+        return {"w": paddle.ones([2])}
+
+    def optimizer_state(self):
+        return {}
+
+    def load_state(self, model_state, optimizer_state, states):
+        pass
+
+
+class StatefulLoader(ListLoader):
+    """A loader with a random state, as the DALI loaders have."""
+    restored = None
+
+    def state_dict(self):
+        return {"draws": self.read}
+
+    def set_state_dict(self, state):
+        self.restored = state
+
+
+def test_loader_state_is_saved_each_epoch_and_given_back_to_the_same_rank(tmp_path, ppdlx_caplog):
+    from ppdlx.engine import checkpoint as ckpt
+    from ppdlx.engine.hooks import Checkpoint
+    ppdlx_caplog.set_level("INFO", logger="ppdlx")
+    trainer = Trainer(SavingStep([True]), [Checkpoint(str(tmp_path))], train_loader=StatefulLoader(range(3)),
+                      epochs=2)
+    trainer.fit()
+    assert ckpt.load_states(str(tmp_path / "epoch_1.pdstates"))["train_loader"] == [{"draws": 3}]
+    assert ckpt.load_states(str(tmp_path / "latest.pdstates"))["train_loader"] == [{"draws": 6}]
+    again = Trainer(SavingStep([True]), [], train_loader=StatefulLoader(range(3)), epochs=2)
+    again.resume(str(tmp_path / "epoch_1"))
+    assert again.train_loader.restored == {"draws": 3}
+    # the states of another number of ranks: not given to any rank, and said so
+    wider = Trainer(SavingStep([True]), [], train_loader=StatefulLoader(range(3)), epochs=2, rank=1, world_size=2)
+    wider.resume(str(tmp_path / "epoch_1"))
+    assert wider.train_loader.restored is None
+    assert "the loader states of 1 ranks for this run's 2 rank(s)" in ppdlx_caplog.text
+
+
 def _python_files(*roots):
     for root in roots:
         path = os.path.join(ROOT, root)

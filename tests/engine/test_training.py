@@ -72,6 +72,22 @@ def test_kill_and_resume_gives_bit_identical_weights(tiny_tree, tmp_path):
     assert all("ips_global" in r and "ips_per_device" in r for r in records if r["kind"] == "train")
 
 
+def test_resume_with_dali_trains_on_the_crops_of_the_run_it_resumes(tiny_tree, tmp_path):
+    """The DALI loader keeps one pipeline per run, so epoch 2's crops and flips follow from epoch 1's: the
+    checkpoint carries that random state, and a run resumed from epoch 1 ends on the same weights."""
+    extra = ["data.backend=dali", "data.dali.device=cpu", "data.dali.num_threads=2", "train.epochs=2"]
+    straight = run_cli(tiny_overrides(tiny_tree, tmp_path / "straight", *extra))
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    states = load_states(str(tmp_path / "straight" / "epoch_1.pdstates"))
+    assert len(states["train_loader"]) == 1 and states["train_loader"][0]["dali_checkpoint"]
+    resumed = run_cli(tiny_overrides(tiny_tree, tmp_path / "resumed", *extra,
+                                     f"train.resume={tmp_path / 'straight' / 'epoch_1'}"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout and "drawn afresh" not in resumed.stdout + resumed.stderr
+    a, b = load_params(str(tmp_path / "straight" / "latest")), load_params(str(tmp_path / "resumed" / "latest"))
+    assert max(float(np.abs(a[k] - b[k]).max()) for k in a) == 0.0
+
+
 def test_bf16_amp_on_cpu_trains_and_says_it_is_float32(tiny_tree, tmp_path, ppdlx_caplog):
     caplog = ppdlx_caplog
     cfg = load_config(None, tiny_overrides(tiny_tree, tmp_path, "amp.enabled=true", "amp.dtype=bfloat16",
