@@ -9,6 +9,7 @@ DALI's threads; after each pass the pipeline is reset and serves the next one.
 from __future__ import annotations
 
 import logging
+import os
 
 import nvidia.dali as dali
 import nvidia.dali.fn as fn
@@ -39,7 +40,7 @@ class EpochFeed:
 
     def __call__(self, batch_info):  # DALI's iteration count is not used: the order is the loader's
         chunk = next(self._chunks)
-        return [np.frombuffer(self.paths[i].encode(), np.uint8) for i in chunk], self.values[chunk][:, None]
+        return [np.frombuffer(os.fsencode(self.paths[i]), np.uint8) for i in chunk], self.values[chunk][:, None]
 
 
 def read_fed_files(feed: EpochFeed):

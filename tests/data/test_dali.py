@@ -125,6 +125,21 @@ def test_one_pipeline_reads_each_epochs_sampler_order(tree, depth):
     assert loader._pipe is first_pipe
 
 
+def test_file_names_that_are_not_utf8_are_read(tmp_path):
+    """Paths go to DALI as the file system's bytes (``os.fsencode``): a Latin-1 folder name, which Python
+    holds with surrogate escapes, is read like any other."""
+    root = str(tmp_path)
+    for split in ("train", "val"):
+        for i, name in enumerate([b"caf\xe9", b"th\xc3\xa9", b"zoo"]):
+            folder = os.path.join(root, split, os.fsdecode(name))
+            os.makedirs(folder)
+            for k in range(2):
+                Image.new("RGB", (40, 40), (40 + 80 * i, 8 + 8 * k, 128)).save(os.path.join(folder, f"{k}.jpg"))
+    loader = build_classification_loader(_cfg(root, "data.batch_size=2"), "train")
+    labels = sorted(int(v) for _, lab in loader for v in lab.numpy())
+    assert labels == [0, 0, 1, 1, 2, 2]
+
+
 def test_nhwc_float16_pad_output(tree):
     root, _ = tree
     cfg = _cfg(root, "model.data_format=NHWC", "data.dali.output_dtype=float16", "data.dali.pad_output=true")
