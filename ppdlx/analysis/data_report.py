@@ -96,9 +96,7 @@ def check_before_training(cfg) -> DataReport:
 
 def _stops_on_unreadable(cfg) -> bool:
     """Whether the configured loader stops (instead of skipping) at a file it cannot decode."""
-    if cfg.data.backend != "dali":
-        return False
-    return _DATASET_KINDS[cfg.data.dataset].dali_always_stops or cfg.data.dali.corrupt_files == "error"
+    return cfg.data.backend == "dali" and cfg.data.dali.corrupt_files == "error"
 
 
 def _scan_coco(cfg, split: str, decode: bool, hash_files: bool) -> SplitReport:
@@ -116,14 +114,13 @@ def _scan_image_folder(cfg, split: str, decode: bool, hash_files: bool) -> Split
 class _DatasetKind:
     task: str                 # the words the report uses (DataReport.task)
     scan: Callable            # (cfg, split, decode, hash_files) -> SplitReport
-    dali_always_stops: bool   # its DALI reader stops at an undecodable file whatever data.dali.corrupt_files says
 
 
 # By data.dataset (the DATASETS names): the report reads files, so it asks the dataset's format. It cannot
 # ask ppdlx.engine.tasks.task_of: the engine imports this module (start-of-training check) and the task
 # plug-ins import ppdlx.analysis (run analysis), so that import would close a cycle.
-_DATASET_KINDS = {"coco": _DatasetKind("detection", _scan_coco, True),
-                  "image_folder": _DatasetKind("classification", _scan_image_folder, False)}
+_DATASET_KINDS = {"coco": _DatasetKind("detection", _scan_coco),
+                  "image_folder": _DatasetKind("classification", _scan_image_folder)}
 
 
 # What to do about classes without images (categories without boxes) in a split: labels are positions in the

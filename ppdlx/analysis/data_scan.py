@@ -5,7 +5,7 @@ training would skip (or stop on) it:
 
 * ``data.backend: paddle``: the dataset's ``__getitem__`` (``ImageFolder`` / ``CocoDetection``: PIL open +
   RGB convert, the same exceptions caught), with its transform replaced by one that returns the decoded size;
-* ``data.backend: dali``: ``ppdlx.data.dali.find_undecodable`` (DALI's CPU decoder, file by file), the
+* ``data.backend: dali``: ``ppdlx.data.dali_fed_loader.find_undecodable`` (DALI's CPU decoder, file by file), the
   function the DALI loader uses to name a file that stopped its pipeline; sizes from the image header.
 """
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _decoded_size(img, rng):
 def decode_with_dali(paths):
     """(unreadable [(path, reason)], sizes) the way the DALI loaders see the files."""
     with dali_required():
-        from ppdlx.data.dali import find_undecodable
+        from ppdlx.data.dali_fed_loader import find_undecodable
     bad = find_undecodable(list(paths))
     failed = {p for p, _ in bad}
     return bad, {p: s for p, s in header_sizes(paths).items() if p not in failed}

@@ -218,14 +218,15 @@ def _dali_stage_profile(args, cfg, notes):
         return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=list(t.mean),
                                         std=list(t.std), mirror=fn.random.coin_flip())
 
-    from ppdlx.data.dali import _run_pipeline_def
+    import nvidia.dali as dali
     stages = ["read", "full_decode", "roi_decode", "resize", "resize_no_antialias", "normalise"]
     ms = {k: [] for k in stages}
     for _ in range(3):
         for stage in stages:
             feed.start([i % len(files) for i in range(5 * batch)])
-            pipe = _run_pipeline_def(lambda: graph(stage), batch_size=batch, num_threads=1, device_id=None, seed=1,
-                                     prefetch_queue_depth=1, exec_pipelined=False, exec_async=False)
+            pipe = dali.pipeline_def(lambda: graph(stage))(batch_size=batch, num_threads=1, device_id=None, seed=1,
+                                                           prefetch_queue_depth=1, exec_pipelined=False,
+                                                           exec_async=False)
             pipe.build()
             pipe.run()
             start = time.perf_counter()

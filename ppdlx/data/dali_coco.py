@@ -7,7 +7,8 @@ int64 (-1 pad), image_ids [N] int64, image_scales [N] float32)``.
 * Annotations are validated by ``CocoIndex`` (same report / ``data.coco.invalid`` switch as
   paddle.io), and the boxes stay on the host: DALI gets each image's file and record index.
 * Order: one pipeline per loader and run, fed this rank's batches of the epoch from
-  ``TrainBatchSampler`` / ``EvalBatchSampler`` (``dali_feed``), so both backends read the same
+  ``TrainBatchSampler`` / ``EvalBatchSampler`` (``dali_feed``, ``dali_fed_loader``: also how an
+  unreadable image is found by name and skipped or refused), so both backends read the same
   samples. Random flips and scales are seeded once, from (seed, rank, first epoch of the run), and
   restored from the checkpoint on resume (``dali_feed.ResumableRandomState``).
   Val's last batch is as short as the split leaves it: every image counted once.
@@ -28,7 +29,6 @@ int64 (-1 pad), image_ids [N] int64, image_scales [N] float32)``.
 """
 from __future__ import annotations
 
-import math
 
 import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
@@ -39,10 +39,10 @@ import paddle
 from ppdlx.config.preprocess import require_detection_resolved
 from ppdlx.data.coco_geometry import pad_targets, record_boxes, transform_boxes
 from ppdlx.data.coco_index import IndexedByCoco, coco_paths, shared_index
-from ppdlx.data.dali_feed import EpochFeed, ResumableRandomState, drained, read_fed_files
-from ppdlx.data.dali_handover import check_device, dali_device_id, to_paddle
+from ppdlx.data.dali_fed_loader import FedDaliLoader
+from ppdlx.data.dali_feed import read_fed_files
+from ppdlx.data.dali_handover import check_device, to_paddle
 from ppdlx.data.loader_common import split_batch_sampler
-from ppdlx.errors import DataError
 
 _INTERP = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
 
@@ -86,30 +86,26 @@ def _graph(feed, size, mean, std, training_random, hflip, scale_range, interpola
     return images, record, geometry
 
 
-class DaliCocoLoader(ResumableRandomState, IndexedByCoco):
+class DaliCocoLoader(FedDaliLoader, IndexedByCoco):
     """Detection batches from a DALI pipeline, one epoch per ``iter()``; same interface as ``CocoLoader``."""
 
     def __init__(self, cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None):
         require_detection_resolved(cfg)
         data = cfg.data
-        self.dali_cfg, self.transforms, self.coco_cfg = data.dali, data.transforms, data.coco
-        check_device(self.dali_cfg.device)
+        self.transforms, self.coco_cfg = data.transforms, data.coco
+        check_device(data.dali.device)
         self.data_format = cfg.model.data_format
-        self.batch_size = batch_size or data.batch_size
-        self.training = split == "train"
-        self.rank, self.seed = rank, cfg.global_.seed
+        training = split == "train"
         json_path, self.image_dir = coco_paths(cfg, split)
         self.index = shared_index(json_path, self.image_dir, self.coco_cfg.invalid, cat_ids)
         records = self.index.records
-        self._feed = EpochFeed([r["path"] for r in records], range(len(records)), self.batch_size)
-        self.sampler = split_batch_sampler(self.training, len(self.index.records), self.batch_size, rank, world_size,
-                                           self.seed, shuffle=self.transforms.random, source=json_path)
-        self.epoch = 0
-        self.skipped_files: list = []
-        self._pipe = None          # the pipeline, between passes
-        self.device = paddle.get_device()  # where images go: paddle's device, whatever DALI runs on
+        batch_size = batch_size or data.batch_size
+        sampler = split_batch_sampler(training, len(records), batch_size, rank, world_size, cfg.global_.seed,
+                                      shuffle=self.transforms.random, source=json_path)
+        self._setup(cfg, training, [r["path"] for r in records], range(len(records)), sampler, self.image_dir,
+                    batch_size, rank)
+        self.draws_randomly = training and self.transforms.random
 
-    # ------------------------------------------------------------ interface
     @property
     def num_images(self):
         return len(self.index.records)
@@ -118,25 +114,10 @@ class DaliCocoLoader(ResumableRandomState, IndexedByCoco):
     def image_size(self):
         return self.coco_cfg.image_size
 
-    def __len__(self):
-        return len(self.sampler)
-
-    # ------------------------------------------------------------ pipeline
-    def _order(self):
-        self.sampler.set_epoch(self.epoch)
-        return [i for batch in self.sampler for i in batch]
-
-    def _build(self):
-        c, t, cc = self.dali_cfg, self.transforms, self.coco_cfg
-        seed = (self.seed * 1_000_003 + self.rank * 7_919 + self.epoch * 104_729) % (2 ** 31 - 1)
-
-        def graph():
-            return _graph(self._feed, cc.image_size, t.mean, t.std, self.training and t.random, t.hflip,
-                          cc.scale_range, t.interpolation, self.data_format, c.device)
-
-        return self._built(graph, self.training and t.random, batch_size=self.batch_size, num_threads=c.num_threads,
-                           device_id=dali_device_id(c.device), seed=seed,
-                           prefetch_queue_depth=c.prefetch_queue_depth, exec_dynamic=True)
+    def _graph(self):
+        t, cc = self.transforms, self.coco_cfg
+        return _graph(self._feed, cc.image_size, t.mean, t.std, self.draws_randomly, t.hflip, cc.scale_range,
+                      t.interpolation, self.data_format, self.dali_cfg.device)
 
     def _targets(self, records, geometry):
         s, m = self.coco_cfg.image_size, self.coco_cfg.max_instances
@@ -150,31 +131,14 @@ class DaliCocoLoader(ResumableRandomState, IndexedByCoco):
             boxes_out[i], classes_out[i] = pad_targets(boxes[keep], labels[keep], m)
         return boxes_out, classes_out
 
-    def __iter__(self):
-        order = self._order()
-        if not order:
-            return
-        pipe, self._pipe = self._pipe, None
-        if pipe is None:
-            pipe = self._build()
-        pipe.reset()  # DALI's end of the last pass (the feed's StopIteration) back to a first iteration
-        self._feed.start(order)
-        try:
-            for batch in range(math.ceil(len(order) / self.batch_size)):
-                try:
-                    images, records, geometry = pipe.run()
-                except RuntimeError as err:
-                    raise DataError(f"{self.index.json_path}: DALI pipeline failed at batch {batch + 1} of epoch "
-                                    f"{self.epoch + 1}: {str(err).strip().splitlines()[0][:300]}") from None
-                records = np.asarray(records.as_array()).reshape(-1)
-                geometry = np.asarray(geometry.as_array(), np.float32)
-                gt_boxes, gt_classes = self._targets(records, geometry)
-                image_ids = np.asarray([self.index.records[i]["id"] for i in records], np.int64)
-                yield (to_paddle(images, self.device), paddle.to_tensor(gt_boxes), paddle.to_tensor(gt_classes),
-                       paddle.to_tensor(image_ids), paddle.to_tensor(geometry[:, 4].copy()))
-        except GeneratorExit:
-            pass  # the consumer left the pass early; the pipeline is drained below
-        self._pipe = drained(pipe, self._feed)
+    def _batch(self, outputs):
+        images, records, geometry = outputs
+        records = np.asarray(records.as_array()).reshape(-1)
+        geometry = np.asarray(geometry.as_array(), np.float32)
+        gt_boxes, gt_classes = self._targets(records, geometry)
+        image_ids = np.asarray([self.index.records[i]["id"] for i in records], np.int64)
+        return (to_paddle(images, self.device), paddle.to_tensor(gt_boxes), paddle.to_tensor(gt_classes),
+                paddle.to_tensor(image_ids), paddle.to_tensor(geometry[:, 4].copy())), len(records)
 
 
 def build_dali_coco_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None):

@@ -9,13 +9,14 @@ import os
 import numpy as np
 import pytest
 
-pytest.importorskip("nvidia.dali")
+dali = pytest.importorskip("nvidia.dali")
 
 import paddle  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from ppdlx.config import load_config  # noqa: E402
 from ppdlx.data import dali as dali_backend  # noqa: E402
+from ppdlx.data.dali_fed_loader import find_undecodable  # noqa: E402
 from ppdlx.data.loader import build_classification_loader  # noqa: E402
 from ppdlx.errors import DataError, UnsupportedError  # noqa: E402
 
@@ -201,7 +202,7 @@ def test_cpu_outputs_reach_paddle_zero_copy(tree):
         jpegs, _ = fn.readers.file(file_root=os.path.join(root, "train"), name="Reader")
         return fn.crop(fn.decoders.image(jpegs), crop=(16, 16))
 
-    pipe = dali_backend._run_pipeline_def(graph, batch_size=4, num_threads=1, device_id=None, exec_dynamic=True)
+    pipe = dali.pipeline_def(graph)(batch_size=4, num_threads=1, device_id=None, exec_dynamic=True)
     pipe.build()
     held = []
     for _ in range(5):
@@ -290,7 +291,7 @@ def test_file_root_labels_are_sorted_folder_indices(tree):
         jpegs, labels = fn.readers.file(file_root=os.path.join(root, "val"), name="Reader")
         return fn.decoders.image(jpegs), labels
 
-    pipe = dali_backend._run_pipeline_def(graph, batch_size=23, num_threads=1, device_id=None)
+    pipe = dali.pipeline_def(graph)(batch_size=23, num_threads=1, device_id=None)
     pipe.build()
     images, labels = pipe.run()
     for k in range(23):
@@ -364,7 +365,7 @@ def test_find_undecodable_names_each_bad_file_not_its_neighbour(tmp_path):
     zero, truncated = _plant_unreadable(root, "val")
     good = [os.path.join(root, "val", "apple", "004.jpg"), os.path.join(root, "val", "apple", "007.jpg")]
     missing = os.path.join(root, "val", "apple", "gone.jpg")
-    bad = dali_backend.find_undecodable([good[0], zero, good[1], truncated, missing])
+    bad = find_undecodable([good[0], zero, good[1], truncated, missing])
     # Before: DALI's file reader reads one sample ahead, so the empty file failed the run of apple/004.jpg and
     # that valid image was named (reason "Critical error in pipeline:").
     assert [path for path, _ in bad] == [zero, truncated, missing]

@@ -1,4 +1,7 @@
 """DALI COCO pipeline: same boxes as the paddle.io pipeline with augmentation off, sane with it on."""
+import os
+import re
+
 import numpy as np
 import pytest
 
@@ -7,7 +10,7 @@ pytest.importorskip("nvidia.dali")
 from ppdlx.config import load_config  # noqa: E402
 from ppdlx.data.coco import build_coco_loader  # noqa: E402
 from ppdlx.data.synthetic_coco import make_synthetic_coco  # noqa: E402
-from ppdlx.errors import UnsupportedError  # noqa: E402
+from ppdlx.errors import DataError, UnsupportedError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +115,21 @@ def test_a_resumed_loader_draws_the_flips_and_scales_of_the_run_it_resumes(shape
     assert any(not np.array_equal(b1, b.numpy()) for (b1, _), (_, b, _, _, _) in zip(expected, fresh))
 
 
+def test_an_unreadable_image_is_skipped_by_name_or_refused(tmp_path, ppdlx_caplog):
+    root = str(tmp_path)
+    make_synthetic_coco(root, num_train=12, num_val=7, seed=3, size_range=(60, 140))
+    bad = os.path.join(root, "train", sorted(os.listdir(os.path.join(root, "train")))[5])
+    with open(bad, "wb") as f:
+        f.write(b"\xff\xd8\xff\xe0 not a jpeg" * 20)
+    loader = build_coco_loader(_cfg(root, "data.backend=dali"), "train")
+    seen = [int(i) for _, _, _, ids, _ in loader for i in ids.numpy()]
+    assert len(seen) == 12 and loader.skipped_files == [bad]  # 3 full batches, the shortfall topped up
+    assert os.path.basename(bad) in ppdlx_caplog.text
+    refusing = build_coco_loader(_cfg(root, "data.backend=dali", "data.dali.corrupt_files=error"), "train")
+    with pytest.raises(DataError, match=re.escape(bad) + ".*corrupt_files=skip"):
+        list(refusing)
+
+
 def test_gpu_on_a_cpu_build_is_one_line(shapes):
     import paddle
     if paddle.is_compiled_with_cuda():
@@ -130,7 +148,7 @@ def test_images_hand_over_like_classification(shapes):
     from ppdlx.layers import ConvNormAct as ConvBNAct
     loader = build_coco_loader(_cfg(shapes, "data.backend=dali"), "val")
     loader._feed.start(loader._order())
-    images = loader._build().run()[0]
+    images = loader._build(0).run()[0]
     dense = paddle.framework.core.from_dlpack(images.as_tensor().__dlpack__())
     assert dali_coco.to_paddle is dali.to_paddle
     x = dali_coco.to_paddle(dense, loader.device)
