@@ -95,6 +95,9 @@ class ResumableRandomState:
 
     def set_state_dict(self, state: dict) -> None:
         self._restore, self._pipe = state.get("dali_checkpoint"), None
+        if self._restore is None:
+            log.info("the checkpoint holds no DALI random state for this loader: its crops and flips are drawn "
+                     "afresh (the sample order is the same)")
 
     def _built(self, graph, random: bool, **pipeline_kwargs):
         """The pipeline of ``graph``, built; with ``random``, trackable by DALI's checkpointing and, the first

@@ -241,7 +241,6 @@ class Trainer:
         shown = f"{prefix} -> {os.readlink(prefix)}" if os.path.islink(prefix) else prefix
         log.info("resumed from %s at epoch %d (step %d)", shown, self.epoch, self.global_step)
 
-
     def _restore_loader_state(self, loader_states, prefix: str) -> None:
         if not callable(getattr(self.train_loader, "set_state_dict", None)):
             return
