@@ -108,11 +108,11 @@ class DaliLoader(FedDaliLoader):
             require_images_in_every_class(self.split_dir, found, samples)
         self.classes = found
         self.files = [path for path, _ in samples]
-        self.labels = [label for _, label in samples]
+        labels = [label for _, label in samples]
         batch_size = batch_size or data.batch_size
         sampler = split_batch_sampler(training, len(samples), batch_size, rank, world_size, cfg.global_.seed,
                                       shuffle=self.transforms.random, source=self.split_dir)
-        self._setup(cfg, training, self.files, self.labels, sampler, self.split_dir, batch_size, rank)
+        self._setup(cfg, training, self.files, labels, sampler, self.split_dir, batch_size, rank)
         self.draws_randomly = training and self.transforms.random
 
     @property

@@ -29,7 +29,6 @@ int64 (-1 pad), image_ids [N] int64, image_scales [N] float32)``.
 """
 from __future__ import annotations
 
-
 import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
 import nvidia.dali.types as types
