@@ -36,7 +36,7 @@ import nvidia.dali.math as dmath
 import nvidia.dali.types as types
 
 from ppdlx.data.dali_fed_loader import FedDaliLoader
-from ppdlx.data.dali_feed import read_fed_files
+from ppdlx.data.dali_feed import mixed_decoder_options, read_fed_files
 from ppdlx.data.dali_handover import check_device, to_paddle
 from ppdlx.data.image_folder import check_same_classes, require_images_in_every_class, scan_image_folder
 from ppdlx.data.loader_common import split_batch_sampler
@@ -50,7 +50,7 @@ def _graph(feed, t, dali_cfg, data_format, training_random: bool):
     """The DALI graph (traced inside a ``pipeline_def``)."""
     gpu = dali_cfg.device == "gpu"
     decode_dev, op_dev = ("mixed", "gpu") if gpu else ("cpu", "cpu")
-    dec_kw = dict(device_memory_padding=211025920, host_memory_padding=140544512) if gpu else {}
+    dec_kw = mixed_decoder_options(training_random) if gpu else {}
     jpegs, label = read_fed_files(feed)
     crop, interp = t.crop_size, _INTERP[t.interpolation]
     mirror = 0

@@ -39,7 +39,7 @@ from ppdlx.config.preprocess import require_detection_resolved
 from ppdlx.data.coco_geometry import pad_targets, record_boxes, transform_boxes
 from ppdlx.data.coco_index import IndexedByCoco, coco_paths, shared_index
 from ppdlx.data.dali_fed_loader import FedDaliLoader
-from ppdlx.data.dali_feed import read_fed_files
+from ppdlx.data.dali_feed import mixed_decoder_options, read_fed_files
 from ppdlx.data.dali_handover import check_device, to_paddle
 from ppdlx.data.loader_common import split_batch_sampler
 
@@ -52,7 +52,8 @@ def _graph(feed, size, mean, std, training_random, hflip, scale_range, interpola
     jpegs, record = read_fed_files(feed)
     shape = fn.peek_image_shape(jpegs, dtype=types.FLOAT)
     h, w = shape[0], shape[1]
-    images = fn.decoders.image(jpegs, device=decode_dev, output_type=types.RGB)
+    images = fn.decoders.image(jpegs, device=decode_dev, output_type=types.RGB,
+                               **(mixed_decoder_options(training_random) if gpu else {}))
     s = float(size)
     flipped = w * 0.0
     if training_random:

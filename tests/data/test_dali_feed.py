@@ -1,0 +1,43 @@
+"""``ppdlx/data/dali_feed.py``: what both DALI loaders share. The GPU graphs cannot run without CUDA,
+but DALI traces and serialises them on any machine (``device_id=None``): the arguments the ``mixed``
+decoders would get on a GPU are checked there."""
+import pytest
+
+dali = pytest.importorskip("nvidia.dali")
+
+from ppdlx.config import load_config  # noqa: E402
+from ppdlx.data import dali as classification  # noqa: E402
+from ppdlx.data import dali_coco  # noqa: E402
+from ppdlx.data.dali_feed import EpochFeed  # noqa: E402
+from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # noqa: E402
+
+
+def _serialised(graph) -> bytes:
+    return dali.pipeline_def(graph)(batch_size=2, num_threads=1, device_id=None).serialize()
+
+
+def _classification_graph(training_random):
+    cfg = resolve_preprocessing(load_config(None, ["data.root=/unused", "data.backend=dali", "data.dali.device=gpu",
+                                                   "data.transforms.crop_size=32", "data.transforms.resize_short=36",
+                                                   "model.num_classes=3"]))
+    feed = EpochFeed(["/unused.jpg"], [0], 2)
+    return _serialised(lambda: classification._graph(feed, cfg.data.transforms, cfg.data.dali, "NCHW",
+                                                     training_random))
+
+
+def _coco_graph(training_random):
+    feed = EpochFeed(["/unused.jpg"], [0], 2)
+    return _serialised(lambda: dali_coco._graph(feed, 64, [0, 0, 0], [1, 1, 1], training_random, 0.5, [0.8, 1.2],
+                                                "bilinear", "NCHW", "gpu"))
+
+
+@pytest.mark.parametrize("graph", [_classification_graph, _coco_graph], ids=["classification", "coco"])
+def test_gpu_decoders_evaluate_like_libjpeg_and_only_training_reserves_buffers(graph):
+    """Before: every classification mixed decoder (evaluation too) reserved 211 MB of GPU and 2 x 140 MB
+    of pinned host memory per thread for the whole run, and all of them upsampled chroma unlike the
+    CPU decoder and PIL, so a model scored differently on the GPU decoder."""
+    evaluation, training = graph(False), graph(True)
+    assert b"decoders__Image" in evaluation and b"mixed" in evaluation
+    assert b"jpeg_fancy_upsampling" in evaluation and b"device_memory_padding" not in evaluation
+    assert b"device_memory_padding" in training and b"host_memory_padding" in training
+    assert b"jpeg_fancy_upsampling" not in training
