@@ -100,7 +100,18 @@ int main(int argc, char **argv) {
     return refused;
   }
   const char *prog = choice.prog;
-  snprintf(cache, sizeof cache, "%s", a.trt_cache ? a.trt_cache : a.model_dir);
+  if (!strcmp(choice.engine, "paddle-trt-subgraph")) {
+    char base[PPDLX_PATH_MAX], settings[256];
+    int max_batch = a.trt_max_batch > a.batch ? a.trt_max_batch : a.batch;
+    snprintf(base, sizeof base, "%s", a.trt_cache ? a.trt_cache : a.model_dir);
+    snprintf(settings, sizeof settings, "max_batch=%d opt_batch=%d size=%dx%d layout=%s", max_batch, a.batch,
+             a.height, a.width, a.layout);
+    refused = ppdlx_engine_cache_dir(base, &choice, a.precision, settings, cache, sizeof cache, why, sizeof why);
+    if (refused) {
+      fprintf(stderr, "error: %s\n", why);
+      return refused;
+    }
+  }
   printf("engine %s: %s\n", choice.engine, prog);
 
   /* ---- configuration: the same choices as build_plan() in deploy/python/ppdlx_deploy/plan.py */

@@ -11,6 +11,7 @@
 #define PPDLX_MODEL_SELECT_H
 
 #include <dirent.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +165,35 @@ static int ppdlx_choose_program(const char *model_dir, const char *backend, cons
     snprintf(err, err_size, "--backend must be cpu, gpu or trt, got %s", backend);
     return 2;
   }
+  return 0;
+}
+
+static uint64_t ppdlx_fnv1a(const unsigned char *p, size_t n, uint64_t h) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+
+/* The folder for this program's TensorRT engines under base: one per model content and engine
+ * settings. Paddle names a serialised engine after its subgraph's variable names only, so in a
+ * shared folder a retrained model of the same architecture would load the old engine, weights
+ * included. Returns 0, or 2 with a message in err when a model file cannot be read. */
+static int ppdlx_engine_cache_dir(const char *base, const ProgramChoice *c, const char *precision,
+                                  const char *settings, char *out, size_t out_size, char *err, size_t err_size) {
+  uint64_t h = 14695981039346656037ULL;
+  const char *files[2] = {c->prog, c->params};
+  for (int i = 0; i < 2; ++i) {
+    size_t size = 0;
+    unsigned char *data = ppdlx_read_file(files[i], &size);
+    if (!data) {
+      snprintf(err, err_size, "%s: cannot be read", files[i]);
+      return 2;
+    }
+    h = ppdlx_fnv1a(data, size, ppdlx_fnv1a((const unsigned char *)"|", 1, h));
+    free(data);
+  }
+  h = ppdlx_fnv1a((const unsigned char *)precision, strlen(precision), h);
+  h = ppdlx_fnv1a((const unsigned char *)settings, strlen(settings), h);
+  snprintf(out, out_size, "%s/subgraph_%s_%016llx", base, precision, (unsigned long long)h);
   return 0;
 }
 

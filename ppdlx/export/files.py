@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from dataclasses import dataclass
 from typing import Dict, Sequence
 
@@ -52,12 +53,20 @@ def find_model_files(model_dir: str, prefix: str = "inference") -> ModelFiles:
                       os.path.abspath(params_file))
 
 
+# What deploy/ derives from an export inside its folder by default (TensorRT engines and
+# calibration tables, OpenVINO's compiled model): worthless once the export is replaced.
+DERIVED_CACHES = ("_trt_cache", "_openvino_cache")
+
+
 def remove_stale(model_dir: str, prefix: str = "inference") -> None:
-    """Delete a previous export's program/params so a re-export cannot leave two formats behind."""
+    """Delete a previous export's program/params so a re-export cannot leave two formats behind,
+    and the caches built from it."""
     for ext in (".json", ".pdmodel", ".pdiparams", ".pdiparams.info", ".onnx"):
         path = os.path.join(model_dir, prefix + ext)
         if os.path.isfile(path):
             os.remove(path)
+    for name in DERIVED_CACHES:
+        shutil.rmtree(os.path.join(model_dir, name), ignore_errors=True)
 
 
 def ensure_output_dir(path: str, option: str = "--output-dir") -> None:

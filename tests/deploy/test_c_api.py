@@ -27,9 +27,12 @@ DRIVER = r"""
 int main(int argc, char **argv) {
   if (argc == 3) { printf("%d\n", ppdlx_count_files_with_prefix(argv[1], argv[2])); return 0; }
   ProgramChoice choice;
-  char why[1024];
+  char why[1024], cache[PPDLX_PATH_MAX];
   int code = ppdlx_choose_program(argv[1], argv[2], argv[3], &choice, why, sizeof why);
+  if (!code && argc == 6)  /* MODEL_DIR BACKEND PRECISION CACHE_BASE SETTINGS: the engine folder */
+    code = ppdlx_engine_cache_dir(argv[4], &choice, argv[3], argv[5], cache, sizeof cache, why, sizeof why);
   if (code) { fprintf(stderr, "error: %s\n", why); return code; }
+  if (argc == 6) { printf("%s\n", cache); return 0; }
   printf("%s %s %s %d\n", choice.engine, choice.prog, choice.params, choice.quantized);
   return 0;
 }
@@ -121,9 +124,31 @@ def test_c_program_file_checks(select_program, exported, tmp_path):
     assert select_program(str(tmp_path), "trt_serialized_").stdout == "1\n"
 
 
+def test_c_program_keeps_engines_per_model_content_and_settings(select_program, exported, tmp_path):
+    """Before: infer.c serialised every engine straight into --trt-cache (default MODEL_DIR), where
+    Paddle's engine names (variable names only) let a retrained model load the old engine."""
+    def engine_dir(model_dir, precision="fp16", settings="max_batch=8 opt_batch=1 size=8x8 layout=NCHW"):
+        proc = select_program(model_dir, "trt", precision, str(tmp_path / "cache"), settings)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    first = engine_dir(exported["program"])
+    assert os.path.dirname(first) == str(tmp_path / "cache") and os.path.basename(first).startswith("subgraph_fp16_")
+    assert engine_dir(exported["program"]) == first
+    retrained = tmp_path / "retrained"
+    shutil.copytree(exported["program"], retrained)
+    with open(retrained / "inference.pdiparams", "r+b") as f:
+        f.seek(-4, os.SEEK_END)
+        f.write(b"\x00\x00\x00\x3f")
+    others = {engine_dir(str(retrained)), engine_dir(exported["program"], "fp32"),
+              engine_dir(exported["program"], settings="max_batch=256 opt_batch=1 size=8x8 layout=NCHW")}
+    assert first not in others and len(others) == 3
+
+
 def test_infer_c_decides_through_model_select():
     with open(os.path.join(ROOT, "deploy", "c", "infer.c"), encoding="utf-8") as f:
         source = f.read()
     assert '#include "model_select.h"' in source and "ppdlx_choose_program(" in source
     assert 'ppdlx_count_files_with_prefix(cache, "trt_serialized_")' in source
+    assert "ppdlx_engine_cache_dir(base, &choice" in source and "PD_ConfigSetOptimCacheDir(config, cache)" in source
     assert "inference.json" not in source.split("int main", 1)[1]  # no second, divergent file choice

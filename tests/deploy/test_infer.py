@@ -126,9 +126,10 @@ def files(tmp_path):
 @pytest.fixture()
 def program_files(tmp_path):
     """A legacy-program export: what the Paddle-TRT subgraph engine takes."""
-    model = tmp_path / "inference.pdmodel"
+    model, params = tmp_path / "inference.pdmodel", tmp_path / "inference.pdiparams"
     model.write_bytes(b"")
-    return {"format": "program", "model_file": str(model), "params_file": str(tmp_path / "inference.pdiparams")}
+    params.write_bytes(b"weights")
+    return {"format": "program", "model_file": str(model), "params_file": str(params)}
 
 
 def test_trt_fp16_plan_values(program_files, tmp_path):
@@ -144,7 +145,9 @@ def test_trt_fp16_plan_values(program_files, tmp_path):
     (trt,) = _calls(plan, "enable_tensorrt_engine")
     assert trt["kwargs"] == {"workspace_size": 1073741824, "max_batch_size": 256, "min_subgraph_size": 3,
                              "precision_mode": "Half", "use_static": True, "use_calib_mode": False}
-    assert _calls(plan, "set_optim_cache_dir")[0]["args"] == [str(tmp_path / "cache")]
+    (engine_dir,) = _calls(plan, "set_optim_cache_dir")[0]["args"]
+    assert os.path.dirname(engine_dir) == str(tmp_path / "cache") and engine_dir == plan["cache_dir"]
+    assert os.path.basename(engine_dir).startswith("subgraph_fp16_")
     (dyn,) = _calls(plan, "set_trt_dynamic_shape_info")
     mn, mx, opt = dyn["args"]  # positional order of Config.set_trt_dynamic_shape_info: min, max, opt
     assert mn == {"image": [1, 3, 224, 224]} and mx == {"image": [256, 3, 224, 224]}

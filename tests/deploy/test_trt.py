@@ -5,10 +5,13 @@ the serving plan (--gpu-id included), and reports the engine that ran. No GPU he
 evidence checks run on CPU against real exports and the real Config/PIR objects."""
 import importlib.util
 import os
+import shutil
 
+import numpy as np
 import paddle
 import paddle.nn as nn
 import pytest
+import yaml
 
 from ppdlx.benchmarks.infer import load_deploy_module
 from ppdlx.config import load_config
@@ -152,9 +155,66 @@ def test_calibration_uses_the_serving_plan_and_gpu_id(exports, tmp_path):
     assert _calls(plan, "enable_use_gpu")[0]["args"] == [512, 3]
     trt = _calls(plan, "enable_tensorrt_engine")[0]["kwargs"]
     assert trt["precision_mode"] == "Int8" and trt["use_calib_mode"] is True
-    assert plan["calibration"] is True and plan["cache_dir"] == str(tmp_path / "c")
+    assert plan["calibration"] is True and os.path.dirname(plan["cache_dir"]) == str(tmp_path / "c")
     serving = D.build_plan(meta, D.model_files(exports["program"], meta), "trt", "int8", **D.cli.plan_options(args))
     assert serving["calls"] == plan["calls"]
+
+
+def test_subgraph_engines_are_kept_per_model_content_and_settings(exports, tmp_path, monkeypatch):
+    """Paddle names a serialised subgraph engine after its variable names only, so before, a retrained
+    model re-exported with the same architecture (or another max batch) loaded the old engine from the
+    shared MODEL_DIR/_trt_cache, old weights included."""
+    def engine_dir(model_dir, precision="fp16", **kwargs):
+        plan = _plan(model_dir, "trt", precision, cache_dir=str(tmp_path / "c"), **kwargs)
+        assert _calls(plan, "set_optim_cache_dir")[0]["args"] == [plan["cache_dir"]]
+        return plan["cache_dir"]
+
+    first = engine_dir(exports["program"])
+    assert os.path.dirname(first) == str(tmp_path / "c") and first == engine_dir(exports["program"])
+    retrained = str(tmp_path / "retrained")  # the same program, other weights (the last bias value)
+    shutil.copytree(exports["program"], retrained)
+    with open(os.path.join(retrained, "inference.pdiparams"), "r+b") as f:
+        f.seek(-4, os.SEEK_END)
+        f.write(np.float32(0.5).tobytes())
+    with open(os.path.join(retrained, "inference.yml"), encoding="utf-8") as f:
+        meta = yaml.safe_load(f)
+    meta["files"]["inference.pdiparams"]["sha256"] = D.integrity.file_digest(
+        os.path.join(retrained, "inference.pdiparams"))
+    with open(os.path.join(retrained, "inference.yml"), "w", encoding="utf-8") as f:
+        yaml.safe_dump(meta, f)
+    others = {engine_dir(retrained), engine_dir(exports["program"], trt_max_batch=32),
+              engine_dir(exports["program"], "fp32"), engine_dir(exports["program"], batch_size=4)}
+    assert first not in others and len(others) == 4
+    monkeypatch.chdir(tmp_path)  # a relative --trt-cache-dir is made absolute
+    plan = _plan(exports["program"], "trt", "fp16", cache_dir="c")
+    assert plan["cache_dir"] == first
+
+
+def test_collected_shapes_that_changed_drop_the_serialised_engines(exports, tmp_path):
+    plan = _plan(exports["program"], "trt", "fp16", cache_dir=str(tmp_path / "c"), shape_source="collect")
+    assert os.path.dirname(plan["shape_file"]) == plan["cache_dir"]
+    os.makedirs(plan["cache_dir"])
+    engine = os.path.join(plan["cache_dir"], "trt_serialized_42")
+    with open(plan["shape_file"], "wb") as f:
+        f.write(b"shape_info { name: 'image' max_shape: 8 }")
+    open(engine, "wb").close()
+    assert T.drop_engines_of_other_shapes(plan, None) == [] and os.path.isfile(engine)  # first collection
+    assert T.drop_engines_of_other_shapes(plan, b"shape_info { name: 'image' max_shape: 8 }") == []
+    assert T.drop_engines_of_other_shapes(plan, b"shape_info { name: 'image' max_shape: 1 }") == [engine]
+    assert not os.path.exists(engine)
+
+
+def test_benchmark_batches_above_the_trt_range_are_refused(exports):
+    meta = D.load_meta(exports["program"])
+    args = D.cli.parse_args(["--model-dir", exports["program"], "--backend", "trt", "--benchmark",
+                             "--batch-sizes", "1,512"])
+    with pytest.raises(D.DeployError) as err:
+        D.cli.check_trt_batch_sizes(args, meta)
+    assert str(err.value) == ("--batch-sizes 1,512: batch 512 is above the TensorRT shape range's max batch 256; "
+                              "add --trt-max-batch 512")
+    D.cli.check_trt_batch_sizes(D.cli.parse_args(["--model-dir", exports["program"], "--backend", "trt",
+                                                  "--benchmark", "--batch-sizes", "1,512", "--trt-max-batch",
+                                                  "512"]), meta)
 
 
 def test_subgraph_engine_evidence(tmp_path):

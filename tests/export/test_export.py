@@ -201,9 +201,14 @@ def test_program_formats_are_detected_from_files(tmp_path):
     probs = PaddleInferenceRunner(pir).run({"image": x})[0]
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-5)  # probabilities, not argmax
     np.testing.assert_allclose(probs, paddle.nn.functional.softmax(paddle.to_tensor(logits)).numpy(), atol=1e-5)
-    # re-exporting in the other format replaces the old files (no stale second program)
+    # re-exporting in the other format replaces the old files (no stale second program), and the engines
+    # deploy/ built from the old export in its default cache folders go with them
+    for cache in ("_trt_cache/subgraph_fp16_0123", "_openvino_cache"):
+        os.makedirs(tmp_path / "legacy" / cache)
+        (tmp_path / "legacy" / cache / "trt_serialized_1").write_bytes(b"engine")
     again = save_classifier(model, str(tmp_path / "legacy"), 16, 16, fmt="pir")
     assert again.format == "pir" and not os.path.exists(str(tmp_path / "legacy" / "inference.pdmodel"))
+    assert sorted(os.listdir(tmp_path / "legacy")) == ["inference.json", "inference.pdiparams"]
     open(tmp_path / "legacy" / "inference.pdmodel", "wb").close()
     with pytest.raises(ConfigError, match="both inference.json and inference.pdmodel"):
         find_model_files(str(tmp_path / "legacy"))

@@ -34,7 +34,7 @@ from .plan import BACKENDS, PRECISIONS, build_plan, check_backend_available
 from .postprocess import draw_detections, postprocess
 from .predictors import create_predictor
 from .preprocess import Preprocessor, list_images
-from .trt import trt_calibration_tables
+from .trt import largest_trt_batch, trt_calibration_tables
 
 
 def parse_args(argv=None):
@@ -108,6 +108,17 @@ def check_writable(option: str, path: str, directory: bool) -> None:
         raise DeployError(f"{option} {path}: is a directory; give a file name")
 
 
+def check_trt_batch_sizes(args, meta: dict) -> None:
+    """A benchmark batch above the TensorRT shape range would fail inside the engine at run time."""
+    if not (args.benchmark and args.batch_sizes):
+        return
+    largest = max(int(b) for b in args.batch_sizes.split(",") if b.strip())
+    limit = largest_trt_batch(meta, args.batch_size, args.trt_max_batch)
+    if largest > limit:
+        raise DeployError(f"--batch-sizes {args.batch_sizes}: batch {largest} is above the TensorRT shape range's "
+                          f"max batch {limit}; add --trt-max-batch {largest}")
+
+
 def plan_options(args) -> dict:
     """The predictor options given on the command line (everything but backend and precision)."""
     return dict(threads=args.threads, batch_size=args.batch_size, cpu_engine=args.cpu_engine, gpu_id=args.gpu_id,
@@ -156,6 +167,8 @@ def main(argv=None) -> int:
             raise DeployError("--trt-shapes collect runs real inputs: give --input images")
         sizes = sorted({1, args.batch_size, *(int(b) for b in (args.batch_sizes or "").split(",") if b)})
         sample_feeds = [prep.feeds_from_files([paths[i % len(paths)] for i in range(bs)]) for bs in sizes]
+    if args.backend == "trt":
+        check_trt_batch_sizes(args, meta)
     if args.backend == "trt" and args.precision == "int8":
         plan = calibration_plan(args, meta)
         if plan["calibration"] and not trt_calibration_tables(plan["cache_dir"]):

@@ -90,6 +90,10 @@ class PaddlePredictor:
             raise DeployError("--trt-shapes collect needs sample inputs (--input images)")
         shape_file = self.plan["shape_file"]
         os.makedirs(os.path.dirname(os.path.abspath(shape_file)), exist_ok=True)
+        previous_shapes = None
+        if os.path.isfile(shape_file):
+            with open(shape_file, "rb") as f:
+                previous_shapes = f.read()
         config = pi.Config(self.plan["model_file"], self.plan["params_file"])
         apply_plan(config, self.plan["collect_calls"])
         predictor = _create_paddle_predictor(pi, config, self.files)
@@ -100,6 +104,9 @@ class PaddlePredictor:
                 h.copy_from_cpu(np.ascontiguousarray(feeds[name]))
             predictor.run()
         del predictor  # the shape file is written when the collecting predictor is destroyed
+        if self.plan["engine"] == T.SUBGRAPH and T.drop_engines_of_other_shapes(self.plan, previous_shapes):
+            self.plan["notes"].append("the --input images gave other shapes than the last collection: "
+                                      "the TensorRT engines are built again")
 
     def run(self, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
         for name, handle in self._inputs.items():

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .config_calls import plan_call
 from .errors import DeployError, UnsupportedError
+from .integrity import file_digest
 
 SUBGRAPH = "paddle-trt-subgraph"
 PIR_TRT = "pir-trt"
@@ -46,6 +47,26 @@ def trt_shape_ranges(meta: dict, opt_batch: Optional[int] = None, max_batch: Opt
         mn[0] = min(mn[0], opt[0])
         out["min"][name], out["opt"][name], out["max"][name] = mn, opt, mx
     return out
+
+
+def largest_trt_batch(meta: dict, batch_size: int, trt_max_batch: Optional[int]) -> int:
+    """The largest batch the TensorRT shape range admits (``--trt-max-batch``, else inference.yml's,
+    and never below the serving batch)."""
+    override = trt_max_batch or meta.get("tensorrt", {}).get("max_batch_size")
+    ranges = trt_shape_ranges(meta, opt_batch=batch_size, max_batch=override)
+    return max(r[0] for r in ranges["max"].values())
+
+
+def subgraph_cache_dir(base: str, files: dict, settings: dict) -> str:
+    """Where the subgraph route keeps its engines and calibration table: one folder per model
+    content and TensorRT settings. Paddle names a serialised engine after its subgraph's variable
+    names only (``GenerateEngineKey`` in tensorrt_subgraph_pass.cc), not the weights or shape
+    ranges, so a shared folder would hand a retrained or re-exported model of the same
+    architecture the old engine, weights included."""
+    key = dict(settings, model_sha256=file_digest(files["model_file"]),
+               params_sha256=file_digest(files["params_file"]))
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(base, f"subgraph_{settings['precision']}_{digest}")
 
 
 def pir_trt_import_error() -> Optional[str]:
@@ -76,20 +97,27 @@ def trt_plan(meta: dict, files: dict, precision: str, gpu_calls: List[dict], *, 
     trt = meta.get("tensorrt", {})
     ranges = trt_shape_ranges(meta, opt_batch=batch_size, max_batch=trt_max_batch or trt.get("max_batch_size"))
     max_batch = max(r[0] for r in ranges["max"].values())
-    cache_dir = cache_dir or os.path.join(os.path.dirname(files["model_file"]), "_trt_cache")
+    # absolute: a converted PIR program records its engine files' paths as given
+    cache_dir = os.path.abspath(cache_dir or os.path.join(os.path.dirname(files["model_file"]), "_trt_cache"))
     workspace = int(workspace_bytes or trt.get("workspace_size_bytes", 1 << 30))
     min_subgraph = int(min_subgraph_size or trt.get("min_subgraph_size", 3))
     shapes = "inference.yml" if shape_source == "yml" else "the --input images"
     plan = {"cache_dir": cache_dir, "collect_calls": None, "shape_file": shape_file, "calibration": False,
-            "pir_trt": None, "model_file": files["model_file"], "params_file": files["params_file"]}
+            "pir_trt": None, "model_file": files["model_file"], "params_file": files["params_file"],
+            "max_batch": int(max_batch)}
 
     if files["format"] == "program":
+        use_calib = precision == "int8" and not quantized
+        cache_dir = subgraph_cache_dir(cache_dir, files, {
+            "precision": precision, "workspace_size": workspace, "max_batch_size": int(max_batch),
+            "min_subgraph_size": min_subgraph, "calibration": bool(use_calib), "shape_source": shape_source,
+            "shape_ranges": ranges if shape_source == "yml" else None})
+        plan["cache_dir"] = cache_dir
         calls = gpu_calls + [plan_call("enable_new_ir", False),  # the legacy passes own the TRT subgraph step
                              plan_call("set_optim_cache_dir", cache_dir)]
-        use_calib = precision == "int8" and not quantized
         calls.append(plan_call("enable_tensorrt_engine", workspace_size=workspace, max_batch_size=int(max_batch),
                                min_subgraph_size=min_subgraph, precision_mode=SUBGRAPH_PRECISION[precision],
-                               use_static=True,  # serialise engines into cache_dir; rebuilt if the model changes
+                               use_static=True,  # serialise engines into cache_dir (one folder per model + settings)
                                use_calib_mode=bool(use_calib)))
         if shape_source == "yml":
             calls.append(plan_call("set_trt_dynamic_shape_info", ranges["min"], ranges["max"], ranges["opt"]))
@@ -150,6 +178,18 @@ def trt_calibration_tables(cache_dir: str) -> List[str]:
     return glob.glob(os.path.join(cache_dir, "**", "trt_calib_*"), recursive=True)
 
 
+def drop_engines_of_other_shapes(plan: dict, previous_shapes: Optional[bytes]) -> List[str]:
+    """After ``--trt-shapes collect`` wrote the shape file: engines serialised from a different
+    earlier collection would be loaded under the same name, so they are deleted (and rebuilt)."""
+    with open(plan["shape_file"], "rb") as f:
+        if previous_shapes is None or f.read() == previous_shapes:
+            return []
+    stale = trt_engine_files(plan["cache_dir"])
+    for path in stale:
+        os.remove(path)
+    return stale
+
+
 def trt_engine_files(cache_dir: str) -> List[str]:
     """Engines the subgraph pass serialised (``use_static``): ``<cache>/trt_serialized_<key>``."""
     return glob.glob(os.path.join(cache_dir, "**", "trt_serialized_*"), recursive=True)
@@ -178,21 +218,18 @@ def tensorrt_engine_count(program) -> int:
 # PIR-TRT conversion (GPU builds with paddle.tensorrt only)
 # --------------------------------------------------------------------------------------------
 
-def _file_digest(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def pir_trt_key(spec: dict, sample_shapes: Optional[Sequence[Dict[str, list]]], environment: dict) -> dict:
     """What the converted program depends on: the source files, the conversion settings, the
     sample shapes (``--trt-shapes collect``), and the GPU / TensorRT / Paddle versions."""
     key = {k: v for k, v in spec.items() if k not in ("source_model", "source_params", "save_prefix")}
-    key.update(model_sha256=_file_digest(spec["source_model"]), params_sha256=_file_digest(spec["source_params"]),
+    key.update(model_sha256=file_digest(spec["source_model"]), params_sha256=file_digest(spec["source_params"]),
                sample_shapes=list(sample_shapes) if sample_shapes else None, **environment)
     return key
+
+
+def _has_files(folder: str) -> bool:
+    """The converted program's serialised engines live in the folder named like its prefix."""
+    return os.path.isdir(folder) and any(os.scandir(folder))
 
 
 def convert_pir_trt(spec: dict, sample_feeds=None) -> int:
@@ -213,7 +250,7 @@ def convert_pir_trt(spec: dict, sample_feeds=None) -> int:
     key = pir_trt_key(spec, sample_shapes, environment)
     prefix = spec["save_prefix"]
     key_file = prefix + ".ppdlx_key.json"
-    if os.path.isfile(prefix + ".json") and os.path.isfile(key_file):
+    if os.path.isfile(prefix + ".json") and os.path.isfile(key_file) and _has_files(prefix):
         with open(key_file, encoding="utf-8") as f:
             stored = json.load(f)
         if stored.get("key") == key and stored.get("tensorrt_engines", 0) > 0:
