@@ -37,12 +37,35 @@ LATEST, BEST = "latest", "best"
 EPOCH_NAME = re.compile(r"epoch_(\d+)")
 
 
+def _device_generator():
+    """The Paddle generator this process's GPU draws from (None on CPU). ``paddle.get_rng_state`` would
+    return one per visible GPU, and ``set_rng_state`` needs as many back: a rank uses its own GPU's only."""
+    device = paddle.get_device()
+    if device.startswith("gpu:"):
+        return paddle.framework.core.default_cuda_generator(int(device.split(":")[1]))
+    return None
+
+
 def capture_rng() -> dict:
-    return {"paddle": paddle.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """This process's random state: Paddle's CPU generator, its GPU's generator, numpy's and Python's."""
+    device = _device_generator()
+    return {"cpu": paddle.framework.core.default_cpu_generator().get_state(),
+            "device": device.get_state() if device is not None else None,
+            "numpy": np.random.get_state(), "python": random.getstate()}
 
 
 def restore_rng(state: dict) -> None:
-    paddle.set_rng_state(state["paddle"])
+    device = _device_generator()
+    if "paddle" in state:  # older checkpoints: paddle.get_rng_state() of the saving process (every GPU's on GPU)
+        saved = state["paddle"]
+        if device is None:
+            paddle.framework.core.default_cpu_generator().set_state(saved[0])
+        else:
+            device.set_state(saved[int(paddle.get_device().split(":")[1]) % len(saved)])
+    else:
+        paddle.framework.core.default_cpu_generator().set_state(state["cpu"])
+        if device is not None and state["device"] is not None:
+            device.set_state(state["device"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
 

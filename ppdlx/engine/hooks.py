@@ -60,6 +60,9 @@ class Hook:
     def after_train(self):
         pass
 
+    def after_resume(self):
+        pass
+
 
 class RankSync(Hook):
     """DataParallel all-reduces gradients, not buffers: each rank's BatchNorm statistics follow its own
@@ -91,6 +94,12 @@ class LRScheduler(Hook):
 
     def set_state_dict(self, state):
         self.lr_schedule.set_state_dict(state)
+
+    def after_resume(self):
+        # The schedule's position is the applied step count, which a resume at another number of steps
+        # per epoch rescales (Trainer.resume); an unchanged count keeps the restored value bit for bit.
+        if self.lr_schedule.last_epoch != self.trainer.global_step:
+            self.lr_schedule.step(self.trainer.global_step)
 
 
 class Evaluation(Hook):
@@ -210,7 +219,7 @@ class Checkpoint(Hook):
     def save(self, improved: bool) -> None:
         t = self.trainer
         t.check_weights(t.epoch)  # every rank (the verdict is reduced over ranks): NaN weights are never saved
-        t.gather_loader_states()  # every rank: each draws its own crops
+        t.gather_rank_states()  # every rank: each draws its own random numbers and crops
         if self.rank != 0:
             return
         ckpt.save_epoch(self.output_dir, t.epoch, *t.checkpoint(), identity=self.identity, improved=improved,

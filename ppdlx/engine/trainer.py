@@ -7,7 +7,8 @@ evaluation and best tracking, metric writing, rank sync, checkpoints, ASP -- in 
 
 ``before_train``; per epoch ``before_epoch``, then per optimizer step ``before_step`` and
 ``after_step`` (every window, applied or skipped: ``trainer.result`` says which), then
-``after_epoch``; ``after_train`` at the end. Within one call, hooks run in the order given.
+``after_epoch``; ``after_train`` at the end; ``after_resume`` once, after a checkpoint's state is
+restored. Within one call, hooks run in the order given.
 
 Run state lives here and is checkpointed with the hooks' and the step's: ``epoch``,
 ``global_step`` (applied optimizer steps), ``best_metric`` / ``last_metrics`` (written by the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import warnings
 from typing import Iterable, Optional
 
 import paddle
@@ -30,7 +32,8 @@ from ppdlx.errors import PpdlxError
 
 log = logging.getLogger("ppdlx.train")
 
-HOOK_METHODS = ("before_train", "before_epoch", "before_step", "after_step", "after_epoch", "after_train")
+HOOK_METHODS = ("before_train", "before_epoch", "before_step", "after_step", "after_epoch", "after_train",
+                "after_resume")
 
 
 class NonFiniteLossError(PpdlxError):
@@ -111,7 +114,7 @@ class Trainer:
         self.result: Optional[StepResult] = None
         self.at_log_step = False        # this window ends a log interval (device values are read)
         self.nonfinite = NonFiniteCounter(max_nonfinite_steps)
-        self.loader_states: Optional[list] = None  # every rank's train-loader state at the last save
+        self.rank_states: Optional[list] = None  # every rank's own states (rng, train loader) at the last save
         self.hooks = []
         step.attach(self)
         self.register_hooks(hooks)
@@ -138,6 +141,9 @@ class Trainer:
 
     def optimizer_steps_per_epoch(self) -> int:
         return optimizer_steps_per_epoch(len(self.train_loader), self.accumulate, self.steps_per_epoch)
+
+    def _steps_per_epoch_or_none(self) -> Optional[int]:
+        return None if self.train_loader is None else self.optimizer_steps_per_epoch()
 
     # ------------------------------------------------------------------ loop
     def train_one_epoch(self) -> None:
@@ -198,28 +204,35 @@ class Trainer:
     def state_dict(self) -> dict:
         """The ``.pdstates`` content: run state, the step's extras, every hook's state, RNG."""
         states = {"epoch": self.epoch, "global_step": self.global_step, "best_metric": self.best_metric,
-                  "last_metrics": self.last_metrics, **self.step.state_dict()}
+                  "last_metrics": self.last_metrics, "steps_per_epoch": self._steps_per_epoch_or_none(),
+                  **self.step.state_dict()}
         for hook in self.hooks:
             key = state_key(hook)
             if key is not None:
                 states[key] = hook.state_dict()
-        states["rng"] = ckpt.capture_rng()
-        if self.loader_states is not None:
-            states["train_loader"] = self.loader_states
+        ranks = self.rank_states if self.rank_states is not None else [self._own_states()]
+        states["rng"] = [own["rng"] for own in ranks]
+        if "train_loader" in ranks[0]:
+            states["train_loader"] = [own["train_loader"] for own in ranks]
         return states
 
-    def gather_loader_states(self) -> None:
-        """On every rank before a save: the train loaders' states (a DALI pipeline's random state; each rank
-        draws its own), for rank 0 to write with the checkpoint. A loader without state gathers nothing."""
-        if not callable(getattr(self.train_loader, "state_dict", None)):
-            return
-        own = self.train_loader.state_dict()
+    def _own_states(self) -> dict:
+        own = {"rng": ckpt.capture_rng()}
+        if callable(getattr(self.train_loader, "state_dict", None)):
+            own["train_loader"] = self.train_loader.state_dict()
+        return own
+
+    def gather_rank_states(self) -> None:
+        """On every rank before a save: what each rank draws from on its own -- its random generators (a GPU
+        rank its own GPU's) and its train loader's state (a DALI pipeline's random state) -- for rank 0 to
+        write with the checkpoint, one entry per rank."""
+        own = self._own_states()
         if self.world_size > 1:
             gathered: list = []
             paddle.distributed.all_gather_object(gathered, own)
-            self.loader_states = gathered
+            self.rank_states = gathered
         else:
-            self.loader_states = [own]
+            self.rank_states = [own]
 
     def checkpoint(self):
         """``(model state, optimizer state, .pdstates)`` in the layout every graph mode reads."""
@@ -227,19 +240,53 @@ class Trainer:
 
     def resume(self, prefix: str) -> None:
         model_state, optimizer_state, states = ckpt.load_checkpoint(prefix)
-        self.step.load_state(model_state, optimizer_state, states)
+        with warnings.catch_warnings():
+            # Paddle's LinearWarmup saves its inner schedule under a key of its own, then warns on every
+            # load that the key is unused (paddle/optimizer/lr.py): a warm-up schedule is restored whole.
+            warnings.filterwarnings("ignore", message="There are some unused values in state_dict")
+            self.step.load_state(model_state, optimizer_state, states)
+            for hook in self.hooks:
+                key = state_key(hook)
+                if key is not None and key in states:
+                    hook.set_state_dict(states[key])
         self.epoch = int(states["epoch"])
         self.global_step = int(states["global_step"])
         self.best_metric = float(states["best_metric"])
         self.last_metrics = states.get("last_metrics", {})
-        for hook in self.hooks:
-            key = state_key(hook)
-            if key is not None and key in states:
-                hook.set_state_dict(states[key])
-        ckpt.restore_rng(states["rng"])
-        self._restore_loader_state(states.get("train_loader"), prefix)
         shown = f"{prefix} -> {os.readlink(prefix)}" if os.path.islink(prefix) else prefix
+        self._restore_rng(states.get("rng"), shown)
+        self._restore_loader_state(states.get("train_loader"), prefix)
+        self._continue_schedule(states.get("steps_per_epoch"), shown)
+        self.call_hooks("after_resume")
         log.info("resumed from %s at epoch %d (step %d)", shown, self.epoch, self.global_step)
+
+    def _continue_schedule(self, saved_steps: Optional[int], shown: str) -> None:
+        """A run resumed with another global batch (ranks, ``data.batch_size``, ``train.accumulate``) or
+        ``train.steps_per_epoch`` makes another number of optimizer steps per epoch, while the learning-rate
+        schedule is placed by the applied step count: that count is carried over at the same fraction of the
+        training, so the schedule goes on from where the checkpoint's epoch ends."""
+        steps = self._steps_per_epoch_or_none()
+        if steps is None:
+            return
+        if saved_steps is None and self.epoch and self.global_step > self.epoch * steps:
+            saved_steps = round(self.global_step / self.epoch)  # older checkpoints: only a certain change shows
+        if not saved_steps or int(saved_steps) == steps:
+            return
+        position = round(self.global_step * steps / int(saved_steps))
+        log.warning("%s was trained at %d optimizer steps per epoch and this run makes %d (the global batch or "
+                    "train.steps_per_epoch changed): its step %d continues as step %d of %d, so the learning-rate "
+                    "schedule goes on from the end of epoch %d", shown, saved_steps, steps, self.global_step,
+                    position, self.epochs * steps, self.epoch)
+        self.global_step = position
+
+    def _restore_rng(self, saved, shown: str) -> None:
+        saved = [saved] if isinstance(saved, dict) else saved  # older checkpoints: rank 0's state only
+        if saved is not None and len(saved) == self.world_size:
+            ckpt.restore_rng(saved[self.rank])
+            return
+        held = "no random state" if saved is None else f"the random state of {len(saved)} rank(s)"
+        log.info("%s holds %s for this run's %d rank(s): random draws (dropout, drop path, mixup) go on from "
+                 "this run's seed", shown, held, self.world_size)
 
     def _restore_loader_state(self, loader_states, prefix: str) -> None:
         if not callable(getattr(self.train_loader, "set_state_dict", None)):

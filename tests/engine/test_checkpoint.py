@@ -87,3 +87,35 @@ def test_resume_auto_in_a_fresh_directory_starts_from_model_weights(tmp_path, ti
     loaded = trainer.step.raw_model.state_dict()
     for name, value in source.state_dict().items():
         np.testing.assert_array_equal(loaded[name].numpy(), value.numpy(), err_msg=name)
+
+
+def test_resume_at_another_global_batch_continues_the_lr_schedule_where_the_epoch_ends(tmp_path, tiny_tree,
+                                                                                      ppdlx_caplog):
+    """Before: the applied step count (which places the learning-rate schedule) was carried over as is, so a run
+    resumed with twice the global batch (half the steps per epoch: e.g. twice the ranks) sat past the schedule's
+    end, at the peak learning rate of a restarted cosine."""
+    from ppdlx.config import load_config
+    from ppdlx.engine.hooks import LRScheduler
+    from ppdlx.engine.run import build_training
+    from ppdlx.optim.schedules import build_lr_schedule
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          "configs", "demo", "rn50_demo.yaml")
+    overrides = [f"data.root={tiny_tree}", "model.name=resnet18_bottleneck_tiny", "model.num_classes=4",
+                 "data.backend=paddle", "data.workers=0", "amp.enabled=false", "global.cpu_fast_kernels=false",
+                 f"global.output_dir={tmp_path / 'run'}", "lr.warmup_epochs=1"]
+    with paddle.utils.unique_name.guard():  # a resume is a new process: the same parameter names
+        first = build_training(load_config(config, overrides + ["data.batch_size=8", "train.epochs=2"]))
+        first.fit()
+    assert first.global_step == 16  # 64 images / 8
+    resumed_cfg = load_config(config, overrides + ["data.batch_size=16", "train.epochs=3", "train.resume=auto"])
+    with paddle.utils.unique_name.guard():
+        resumed = build_training(resumed_cfg)
+    schedule = resumed.find_hook(LRScheduler).lr_schedule
+    expected = build_lr_schedule(resumed_cfg, 16, 4)
+    for _ in range(8):
+        expected.step()
+    assert resumed.epoch == 2 and resumed.global_step == 8  # the end of epoch 2 at 4 steps per epoch
+    assert schedule.last_epoch == 8 and abs(schedule() - expected()) < 1e-9
+    assert "was trained at 8 optimizer steps per epoch and this run makes 4" in ppdlx_caplog.text
+    resumed.fit()
+    assert resumed.global_step == 12 and abs(schedule() - resumed_cfg.lr.min_lr) < 1e-6  # the cosine's end

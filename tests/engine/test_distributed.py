@@ -84,8 +84,11 @@ def test_two_ranks_train_in_sync_and_count_every_val_image_once(odd_tree, tmp_pa
     on_disk = paddle.load(str(out / "latest" / "model.pdparams"))
     assert all(np.array_equal(on_disk[k].numpy(), saved[k]) for k in saved.files)
     # each rank's DALI random state, gathered to rank 0's checkpoint (each rank draws its own crops)
-    loader_states = load_states(str(out / "latest.pdstates"))["train_loader"]
+    saved = load_states(str(out / "latest.pdstates"))
+    loader_states = saved["train_loader"]
     assert len(loader_states) == 2 and loader_states[0]["dali_checkpoint"] != loader_states[1]["dali_checkpoint"]
+    # and each rank's own random generators (seeded seed + rank), not rank 0's for both
+    assert len(saved["rng"]) == 2 and not np.array_equal(saved["rng"][0]["numpy"][1], saved["rng"][1]["numpy"][1])
 
 
 def test_three_ranks_stay_in_sync_on_uneven_shards_and_count_every_val_image_once(tiny_tree, tmp_path):

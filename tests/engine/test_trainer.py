@@ -220,3 +220,37 @@ def test_no_task_or_trainer_tests_outside_the_task_plugins():
              for i, line in enumerate(open(path, encoding="utf-8"), 1) if TASK_TESTS.search(line)
              and (os.path.relpath(path, ROOT), line.strip()) not in KNOWN_TASK_TESTS]
     assert found == []
+
+
+def test_each_rank_resumes_its_own_random_state(tmp_path, ppdlx_caplog):
+    """Before: rank 0 saved its process's state (on GPU, one generator per visible GPU) and every rank restored
+    it, so after a resume all ranks drew the same numbers, and another GPU count failed in set_rng_state."""
+    import numpy as np
+    from ppdlx.engine import checkpoint as ckpt
+    ppdlx_caplog.set_level("INFO", logger="ppdlx")
+    draws = []
+    for seed in (10, 11):  # what ranks 0 and 1 hold at the save (seeded seed + rank)
+        np.random.seed(seed)
+        paddle.seed(seed)
+        draws.append(ckpt.capture_rng())
+    trainer = Trainer(SavingStep([True]), [], train_loader=ListLoader(range(3)), epochs=1)
+    trainer.fit()
+    states = {**trainer.state_dict(), "rng": draws}
+    assert len(trainer.state_dict()["rng"]) == 1  # one process: its own state, as a list of one
+    ckpt.save_checkpoint(str(tmp_path / "latest"), {"w": paddle.ones([2])}, {}, states)
+    expected = []
+    for seed in (10, 11):
+        np.random.seed(seed)
+        paddle.seed(seed)
+        expected.append((np.random.rand(), paddle.rand([2]).numpy().tolist()))
+    for rank in (1, 0):
+        again = Trainer(SavingStep([True]), [], train_loader=ListLoader(range(3)), epochs=2, rank=rank, world_size=2)
+        again.resume(str(tmp_path / "latest"))
+        assert (np.random.rand(), paddle.rand([2]).numpy().tolist()) == expected[rank]
+    three = Trainer(SavingStep([True]), [], train_loader=ListLoader(range(3)), epochs=2, rank=2, world_size=3)
+    np.random.seed(5)
+    fresh = np.random.rand()
+    np.random.seed(5)
+    three.resume(str(tmp_path / "latest"))
+    assert np.random.rand() == fresh  # another number of ranks: this run's own seeding goes on
+    assert "holds the random state of 2 rank(s) for this run's 3 rank(s)" in ppdlx_caplog.text
