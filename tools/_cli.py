@@ -16,30 +16,79 @@ import ppdlx  # noqa: E402,F401  (sets MKL_DEBUG_CPU_TYPE before paddle loads)
 
 
 class ToolParser(argparse.ArgumentParser):
-    """``parse_args`` also checks that every file the tool writes at its end (``--report``) can be written, before
-    any work: an evaluation or a benchmark can run for hours, and a report path under a regular file or in a
-    read-only folder would lose its result then."""
+    """``parse_args`` also checks, before any work, that every file and folder the tool writes at its end
+    (``--report``, and what :meth:`add_output_file` / :meth:`add_output_dir` declare) can be written, and that
+    the counts :meth:`add_count` declares are in range: an evaluation or a benchmark can run for hours, and a
+    path under a regular file or in a read-only folder would lose its result then."""
 
-    output_files = ("report",)   # destinations of options naming a file written at the end
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # dest -> (option, example file name); "report" for the tools that add --report themselves
+        self.output_files = {"report": ("--report", "report.json")}
+        self.output_dirs = {}   # dest -> option
+        self.minimums = {}      # dest -> (option, smallest value)
+
+    def add_output_file(self, *flags, example: str, **kwargs):
+        """An option naming a file written at the end; ``example`` is the file name suggested for a directory."""
+        action = self.add_argument(*flags, **kwargs)
+        self.output_files[action.dest] = (action.option_strings[-1], example)
+        return action
+
+    def add_output_dir(self, *flags, **kwargs):
+        """An option naming a directory written into at the end (created if missing)."""
+        action = self.add_argument(*flags, **kwargs)
+        self.output_dirs[action.dest] = action.option_strings[-1]
+        return action
+
+    def add_count(self, *flags, minimum: int, **kwargs):
+        """An integer option refused below ``minimum``."""
+        action = self.add_argument(*flags, type=int, **kwargs)
+        self.minimums[action.dest] = (action.option_strings[-1], minimum)
+        return action
 
     def parse_args(self, args=None, namespace=None):
         parsed = super().parse_args(args, namespace)
-        for dest in self.output_files:
+        from ppdlx.errors import ConfigError
+        for dest, (option, minimum) in self.minimums.items():
+            value = getattr(parsed, dest, None)
+            if value is not None and value < minimum:
+                raise ConfigError(f"{option} {value}: must be {minimum} or more")
+        for dest, (option, example) in self.output_files.items():
             path = getattr(parsed, dest, None)
             if path:
-                check_output_file("--" + dest.replace("_", "-"), path)
+                check_output_file(option, path, example)
+        for dest, option in self.output_dirs.items():
+            path = getattr(parsed, dest, None)
+            if path:
+                check_output_dir(option, path)
         return parsed
 
 
-def check_output_file(option: str, path: str) -> None:
+def check_output_file(option: str, path: str, example: str = "report.json") -> None:
     """``ConfigError`` (one line) when ``path`` cannot become a file: it is a directory, a regular file stands
     where one of its folders should be, or the nearest existing folder is not writable. Creates nothing."""
     from ppdlx.errors import ConfigError
     if os.path.isdir(path):
-        raise ConfigError(f"{option} {path}: is a directory; give a file name, e.g. "
-                          f"{os.path.join(path, 'report.json')}")
-    existing = os.path.dirname(path) or "."
-    while not os.path.exists(existing):  # folders write_report will create
+        raise ConfigError(f"{option} {path}: is a directory; give a file name, e.g. {os.path.join(path, example)}")
+    _check_nearest_folder(option, path, os.path.dirname(path))
+
+
+def check_output_dir(option: str, path: str) -> None:
+    """``ConfigError`` (one line) when ``path`` cannot become a directory: it is a regular file, a regular file
+    stands where one of its parents should be, or the nearest existing folder is not writable. Creates
+    nothing."""
+    from ppdlx.errors import ConfigError
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{option} {path}: is a file, not a directory; choose a directory that can be written")
+    _check_nearest_folder(option, path, path)
+
+
+def _check_nearest_folder(option: str, path: str, folder: str) -> None:
+    """The nearest existing one of ``folder`` and its parents (the tool creates the rest) must be a writable
+    directory."""
+    from ppdlx.errors import ConfigError
+    existing = folder or "."
+    while not os.path.exists(existing):
         existing = os.path.dirname(existing) or "."
     if not os.path.isdir(existing):
         raise ConfigError(f"{option} {path}: {existing} is a file, not a directory; choose another {option} "
@@ -54,7 +103,7 @@ def config_parser(description: str, config_required: bool = True) -> ToolParser:
     parser.add_argument("-c", "--config", required=config_required, help="YAML config file")
     parser.add_argument("-o", "--override", action="append", nargs="+", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. -o train.epochs=90 data.batch_size=64")
-    parser.add_argument("--report", help="write a JSON report to this file")
+    parser.add_output_file("--report", example="report.json", help="write a JSON report to this file")
     return parser
 
 

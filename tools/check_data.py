@@ -8,25 +8,27 @@ line when the data cannot train (no images, a class without any, train/val class
 """
 import argparse
 
-from _cli import config_parser, load, run, write_report
+from _cli import check_output_dir, config_parser, load, run, write_report
 
 
 def main():
     parser = config_parser(__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--out", help="directory for data_report.md and data_samples.png "
-                                      "(default: global.output_dir)")
-    parser.add_argument("--samples", type=int, default=8,
-                        help="images per class (classification) or images (detection) in data_samples.png")
+    parser.add_output_dir("--out", help="directory for data_report.md and data_samples.png "
+                                        "(default: global.output_dir)")
+    parser.add_count("--samples", minimum=0, default=8,
+                     help="images per class (classification) or images (detection) in data_samples.png")
     parser.add_argument("--quick", action="store_true",
                         help="count files and read annotations only: no decoding, no content hashes")
     args = parser.parse_args()
     cfg = load(args)
+    out_dir = args.out or cfg.global_.output_dir
+    if not args.out:  # the default comes from the config (an --out given was checked with the arguments)
+        check_output_dir("--out", out_dir)
     from ppdlx.analysis import check_data, plotting_available
     from ppdlx.analysis.figures import PLOT_EXTRA
     report = check_data(cfg, decode=not args.quick, hash_files=not args.quick, config_path=args.config)
     print(report.table())
-    out_dir = args.out or cfg.global_.output_dir
     figures = plotting_available() and args.samples > 0
     written = report.write(out_dir, samples=args.samples, figures=figures)
     if not figures and args.samples > 0:

@@ -5,18 +5,20 @@
 """
 import os
 
-from _cli import config_parser, load, run, write_report
+from _cli import check_output_dir, config_parser, load, run, write_report
 
 
 def main():
     parser = config_parser(__doc__)
-    parser.add_argument("--analysis", nargs="?", const="", default=None, metavar="DIR",
-                        help="write analysis.md and its figures to DIR (default <global.output_dir>/analysis)")
+    parser.add_output_dir("--analysis", nargs="?", const="", default=None, metavar="DIR",
+                          help="write analysis.md and its figures to DIR (default <global.output_dir>/analysis)")
     args = parser.parse_args()
     cfg = load(args)
     analysis_dir = None
     if args.analysis is not None:
         analysis_dir = args.analysis or os.path.join(cfg.global_.output_dir, "analysis")
+        if not args.analysis:  # the default comes from the config (a DIR given was checked with the arguments)
+            check_output_dir("--analysis", analysis_dir)
     from ppdlx.engine.run import evaluate
     report = evaluate(cfg, analysis_dir)
     from ppdlx.engine import dist

@@ -231,8 +231,9 @@ def main():
                    help="classification: the model's default_cfg or the config's data.transforms "
                         "(auto: config when -c is given)")
     p.add_argument("--batch-size", type=int, default=8, help="classification: images per forward pass")
-    p.add_argument("--output", help="classification: predictions as .csv or .json; detection: PNG to write "
-                                    "(default: <image stem>_det.png next to the input)")
+    p.add_output_file("--output", example="predictions.csv",
+                      help="classification: predictions as .csv or .json; detection: PNG to write "
+                           "(default: <image stem>_det.png next to the input)")
     p.add_argument("--score-threshold", type=float, default=0.3, help="detection: draw boxes with at least this score")
     p.add_argument("--nms", choices=["hard", "soft"], default="hard",
                    help="detection: hard = the exported model's per-class NMS; soft = the COCO-eval soft-NMS")

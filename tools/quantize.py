@@ -20,10 +20,10 @@ def main():
     parser = config_parser(__doc__)
     parser.add_argument("--calib-images", required=True, help="calibration images (any depth; e.g. data.root/train)")
     parser.add_argument("--output-dir", required=True, help="where the int8 export is written")
-    parser.add_argument("--num-images", type=int, default=DEFAULT_NUM_IMAGES,
-                        help="calibration images used, evenly spread over the sorted files")
+    parser.add_count("--num-images", minimum=1, default=DEFAULT_NUM_IMAGES,
+                     help="calibration images used, evenly spread over the sorted files")
     parser.add_argument("--algo", choices=ALGOS, default=DEFAULT_ALGO, help="activation range algorithm")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="calibration batch size")
+    parser.add_count("--batch-size", minimum=1, default=DEFAULT_BATCH_SIZE, help="calibration batch size")
     parser.add_argument("--eval-images", help="ImageFolder split to compare fp32 and int8 on (adds top-1; "
                                               "default: the calibration images)")
     parser.add_argument("--min-agreement", type=float, default=DEFAULT_MIN_AGREEMENT,

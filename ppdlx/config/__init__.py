@@ -63,6 +63,14 @@ def _format_error(err: dict, sources: dict, default_source: str) -> str:
         close = difflib.get_close_matches(str(value), allowed, n=1, cutoff=0.3)
         hint = f"did you mean '{close[0]}'?" if close else f"expected {err['ctx']['expected']}"
         return f"{source}: {key}: bad value {value!r}; {hint} (allowed: {err['ctx']['expected']})"
+    if err["type"] in ("model_type", "dict_type"):  # a scalar or list where a section or mapping goes
+        section = _submodel(Config, loc[0]) if loc else None
+        for part in loc[1:]:
+            section = _submodel(section, part) if section is not None else None
+        hint = f"; set a key inside it, e.g. {key}.{_known_keys(section)[0]}" if section is not None else ""
+        return f"{source}: {key}: expected a mapping of keys, got {value!r}{hint}"
+    if err["type"] == "value_error":  # a schema validator's own reason, which names the fix
+        return f"{source}: {key}={value!r}: {err['ctx']['error']}"
     return f"{source}: {key}: bad value {value!r}: {err['msg'].lower()}"
 
 

@@ -45,6 +45,13 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _read_yaml(path: str) -> dict:
+    if os.path.isdir(path):
+        try:  # its own files only, not a walk: -c / must answer at once
+            inside = sorted(f for f in os.listdir(path) if f.endswith((".yaml", ".yml")))
+        except OSError:
+            inside = []
+        example = f", e.g. {os.path.join(path, inside[0])}" if inside else ""
+        raise ConfigError(f"{path}: is a directory, not a config file; give a YAML file{example}")
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: config file not found")
     try:

@@ -108,6 +108,10 @@ class ModelConfig(Section):
         return _deep_freeze(value)
 
 
+# in 0..255, as data.transforms holds them: the fix a wrong mean/std message suggests
+_IMAGENET_NORMALISATION = {"mean": "[123.675, 116.28, 103.53]", "std": "[58.395, 57.12, 57.375]"}
+
+
 class TransformsConfig(Section):
     # null = the model's default_cfg (input size, crop_pct, mean/std in 0..255, interpolation), filled in by
     # ppdlx.engine.preprocess_cfg before data or export reads them; a value given here wins.
@@ -129,6 +133,22 @@ class TransformsConfig(Section):
     random_erasing_mode: Literal["pixel", "rand", "const"] = "pixel"
     # timm crop_pct: when set, resize_short = floor(crop_size / crop_pct) (resize_short is derived)
     crop_pct: Optional[float] = Field(None, gt=0.0, le=1.0)
+
+    @field_validator("mean", "std")
+    @classmethod
+    def _check_channel_values(cls, value, info):
+        # A wrong count broadcasts against nothing: every image would fail to normalise, reported as
+        # undecodable files (paddle.io) or a DALI assert, long after the config was accepted.
+        if value is None:
+            return value
+        example = _IMAGENET_NORMALISATION[info.field_name]
+        if len(value) not in (1, 3):
+            raise ValueError(f"needs 1 number (every channel) or 3 (R, G, B), got {len(value)}; give e.g. "
+                             f"{example}, or null for the model's default_cfg")
+        if info.field_name == "std" and not all(v > 0 for v in value):
+            raise ValueError(f"every std must be above 0 (images are divided by it); give e.g. {example}, or null "
+                             f"for the model's default_cfg")
+        return value
 
     @field_validator("randaugment")
     @classmethod

@@ -197,6 +197,8 @@ def build_rand_augment(cfg):
     if not spec:
         return None
     fill = tuple(min(255, int(round(v))) for v in cfg.mean)  # timm: img_mean in 0..255
+    if len(fill) == 1:  # one mean for every channel: PIL would fill red alone with a 1-tuple
+        fill *= 3
     return RandAugment(parse_rand_augment(spec), fill=fill, interpolation=cfg.interpolation)
 
 

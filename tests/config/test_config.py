@@ -275,3 +275,89 @@ def test_cli_duplicate_key_exits_2_with_one_line(tmp_path):
     assert lines[-1] == (f"error: {path}: key 'model' is given twice in the same mapping (lines 2 and 8); YAML keeps "
                          f"only the last, so the first would be ignored silently: merge the two")
     assert "Traceback" not in proc.stderr and not os.path.exists(tmp_path / "out")
+
+
+MEAN_STD_CASES = [
+    ("data.transforms.mean=[0,0]", "data.transforms.mean=[0, 0]: needs 1 number (every channel) or 3 (R, G, B), got 2; "
+     "give e.g. [123.675, 116.28, 103.53], or null for the model's default_cfg"),
+    ("data.transforms.std=[1,2,3,4]", "data.transforms.std=[1, 2, 3, 4]: needs 1 number (every channel) or 3 (R, G, "
+     "B), got 4; give e.g. [58.395, 57.12, 57.375], or null for the model's default_cfg"),
+    ("data.transforms.std=[58.4,0,57.4]", "data.transforms.std=[58.4, 0, 57.4]: every std must be above 0 (images are "
+     "divided by it); give e.g. [58.395, 57.12, 57.375], or null for the model's default_cfg"),
+    ("data.transforms.std=[-1]", "data.transforms.std=[-1]: every std must be above 0 (images are divided by it); give "
+     "e.g. [58.395, 57.12, 57.375], or null for the model's default_cfg"),
+]
+
+
+@pytest.mark.parametrize("override, message", MEAN_STD_CASES)
+def test_mean_and_std_of_a_wrong_length_or_not_positive_are_refused_at_load(override, message):
+    # Before: accepted; training then reported every image as undecodable (one "skipping unreadable image" line
+    # per file) or stopped on a DALI assert, and tools/check_data.py said ok.
+    for config in ("rn50_demo.yaml", "efficientdet_demo.yaml"):  # classification and COCO read the same keys
+        with pytest.raises(ConfigError) as err:
+            load_config(os.path.join(ROOT, "configs", "demo", config), [override])
+        assert str(err.value) == "-o: " + message
+
+
+def test_mean_and_std_of_one_or_three_numbers_or_null_load_and_null_resolves_from_the_model(tmp_path):
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    one = load_config(None, ["data.transforms.mean=[127]", "data.transforms.std=[128]"]).data.transforms
+    assert (one.mean, one.std) == ((127.0,), (128.0,))
+    resolved = resolve_preprocessing(load_config(None, ["model.name=resnet50"])).data.transforms
+    assert (resolved.mean, resolved.std) == ((123.675, 116.28, 103.53), (58.395, 57.12, 57.375))
+    path = write(tmp_path / "bad.yaml", {"_BASE_": [os.path.join(ROOT, "configs", "demo", "efficientdet_demo.yaml")],
+                                         "data": {"transforms": {"mean": [1.0, 2.0]}}})
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (f"{path}: data.transforms.mean=[1.0, 2.0]: needs 1 number (every channel) or 3 (R, G, "
+                              f"B), got 2; give e.g. [123.675, 116.28, 103.53], or null for the model's default_cfg")
+
+
+def test_cli_wrong_length_mean_exits_2_with_one_line_before_reading_data(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "check_data.py"), "-c",
+                           os.path.join(ROOT, "configs", "demo", "efficientdet_demo.yaml"), "-o",
+                           "data.transforms.mean=[0,0]", "data.root=/nonexistent/never_read",
+                           f"global.output_dir={tmp_path}/out"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: -o: data.transforms.mean=[0, 0]: needs 1 number (every channel) or 3 (R, G, B), got 2; give e.g. "
+        "[123.675, 116.28, 103.53], or null for the model's default_cfg")
+    assert "Traceback" not in proc.stderr and not os.path.exists(tmp_path / "out")
+
+
+def test_a_section_given_as_a_value_names_the_section_not_a_schema_class(tmp_path):
+    # Before: "-o: train: bad value 5: input should be a valid dictionary or instance of trainconfig".
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["train=5"])
+    assert str(err.value) == "-o: train: expected a mapping of keys, got 5; set a key inside it, e.g. train.epochs"
+    path = write(tmp_path / "scalar.yaml", "data:\n  transforms: [1, 2]\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (f"{path}: data.transforms: expected a mapping of keys, got [1, 2]; set a key inside it, "
+                              f"e.g. data.transforms.crop_size")
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["model.args=5"])
+    assert str(err.value) == "-o: model.args: expected a mapping of keys, got 5"
+
+
+def test_a_directory_as_config_says_so_and_names_a_yaml_file_in_it(tmp_path):
+    # Before: "configs/: config file not found" for a folder that exists.
+    write(tmp_path / "b.yaml", {"train": {"epochs": 1}})
+    write(tmp_path / "a.yml", {"train": {"epochs": 2}})
+    with pytest.raises(ConfigError) as err:
+        load_config(str(tmp_path) + os.sep)
+    assert str(err.value) == (f"{tmp_path}: is a directory, not a config file; give a YAML file, e.g. "
+                              f"{tmp_path / 'a.yml'}")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError) as err:
+        load_config(str(tmp_path / "empty"))
+    assert str(err.value) == f"{tmp_path / 'empty'}: is a directory, not a config file; give a YAML file"
+
+
+def test_cli_config_directory_exits_2_with_one_line():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train.py"), "-c", "configs/demo/"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: configs/demo: is a directory, not a config file; give a YAML file, e.g. configs/demo/"
+        "efficientdet_demo.yaml")

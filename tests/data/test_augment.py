@@ -62,6 +62,18 @@ def test_ops_pixel_semantics():
     assert rot.shape == a.shape and tuple(rot[0, 0]) == (124, 116, 104)
 
 
+def test_a_single_mean_fills_every_channel_with_it():
+    """data.transforms.mean may be one number for every channel: RandAugment's geometric fill is then grey, not
+    that value in red alone (a 1-tuple fillcolor fills only PIL's first band)."""
+    from ppdlx.data.augment import build_rand_augment
+    t = load_config(None, ["data.transforms.mean=[100.4]", "data.transforms.randaugment=rand-m10-p1.0",
+                           "data.transforms.interpolation=bicubic"]).data.transforms
+    ra = build_rand_augment(t)
+    assert ra.fill == (100, 100, 100)
+    rot = np.asarray(ra.apply_op("Rotate", _image(), np.random.default_rng(0)))
+    assert tuple(rot[0, 0]) == (100, 100, 100)
+
+
 def ImageSolarize(img, threshold):
     from PIL import ImageOps
     return ImageOps.solarize(img, threshold)

@@ -78,3 +78,66 @@ def test_a_writable_report_is_written_in_new_folders(tmp_path):
     assert not (tmp_path / "a").exists()  # the check creates nothing
     _cli.write_report(str(path), {"top1": 0.5})
     assert path.read_text() == '{\n  "top1": 0.5\n}'
+
+
+def blocker_file(tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("a file where a directory is needed\n")
+    return blocker
+
+
+# Before: each of these was a traceback (FileExistsError / NotADirectoryError) or an error after the whole run
+# (evaluation, data scan, prediction), with the result lost; now one line before the config's model or data is read.
+def test_an_output_directory_that_is_a_file_is_one_line_before_any_work(tmp_path):
+    blocker = blocker_file(tmp_path)
+    for tool, option in (("eval.py", "--analysis"), ("check_data.py", "--out")):
+        proc = run_tool(tool, *TOOLS[tool], option, blocker)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"error: {option} {blocker}: is a file, not a directory; choose a directory that can be written")
+
+
+def test_an_output_directory_under_a_file_is_one_line_before_any_work(tmp_path):
+    blocker = blocker_file(tmp_path)
+    for tool, option in (("eval.py", "--analysis"), ("check_data.py", "--out")):
+        proc = run_tool(tool, *TOOLS[tool], option, blocker / "sub")
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"error: {option} {blocker / 'sub'}: {blocker} is a file, not a directory; choose another {option} path")
+
+
+def test_a_default_output_directory_under_a_file_is_one_line_before_any_work(tmp_path):
+    # eval's bare --analysis and check_data without --out write under global.output_dir
+    blocker = blocker_file(tmp_path)
+    proc = run_tool("eval.py", *TOOLS["eval.py"], f"global.output_dir={blocker}", "--analysis")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: --analysis {blocker / 'analysis'}: {blocker} is a file, not a directory; choose another --analysis "
+        f"path")
+    proc = run_tool("check_data.py", *TOOLS["check_data.py"], f"global.output_dir={blocker}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: --out {blocker}: is a file, not a directory; choose a directory that can be written")
+
+
+def test_an_infer_output_under_a_file_or_a_directory_is_one_line_before_any_work(tmp_path):
+    blocker = blocker_file(tmp_path)
+    proc = run_tool("infer.py", *TOOLS["infer.py"], "--output", blocker / "x.csv")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: --output {blocker / 'x.csv'}: {blocker} is a file, not a directory; choose another --output path")
+    proc = run_tool("infer.py", *TOOLS["infer.py"], "--output", tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: --output {tmp_path}: is a directory; give a file name, e.g. {tmp_path / 'predictions.csv'}")
+
+
+@pytest.mark.parametrize("tool, option, value, minimum", [("check_data.py", "--samples", -3, 0),
+                                                          ("quantize.py", "--num-images", 0, 1),
+                                                          ("quantize.py", "--batch-size", -1, 1)])
+def test_a_count_out_of_range_is_one_line_at_argument_parsing(tool, option, value, minimum):
+    # Before: check_data drew nothing without a word; quantize refused them only after the fp32 export.
+    proc = run_tool(tool, *TOOLS[tool], option, value)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == f"error: {option} {value}: must be {minimum} or more"
