@@ -45,10 +45,11 @@ def main():
 
     from ppdlx.errors import ConfigError, UnsupportedError
     from ppdlx.export import export_model, read_labels
-    from ppdlx.quantization import labelled_images, list_images, quantize
+    from ppdlx.quantization import check_output_dir, labelled_images, list_images, quantize
     list_images(args.calib_images)  # a missing or empty directory is one line now, not after the export
     from ppdlx.export.files import ensure_output_dir
     ensure_output_dir(args.output_dir)  # an unwritable output is one line now, not after the calibration
+    check_output_dir(args.output_dir)  # and another export there is never replaced
     if args.fp32_dir:
         ensure_output_dir(args.fp32_dir, "--fp32-dir")
     if args.eval_images:

@@ -6,4 +6,4 @@ from ppdlx.quantization.compare import ONEDNN_INT8_OPS, Int8Runner, compare_pred
 from ppdlx.quantization.images import ExportPreprocess, labelled_images, list_images, spread_subset  # noqa: F401
 from ppdlx.quantization.ptq import (ACTIVATION_HEADROOM, ALGOS, DEFAULT_ALGO, DEFAULT_BATCH_SIZE,  # noqa: F401
                                     DEFAULT_MIN_AGREEMENT, DEFAULT_NUM_IMAGES, QUANT_OPS, RUNTIME_CALLS,
-                                    CalibrationCheckError, default_headroom, quantize)
+                                    CalibrationCheckError, check_output_dir, default_headroom, quantize)

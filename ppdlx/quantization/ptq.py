@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import time
 from typing import Optional
 
@@ -158,6 +159,37 @@ def _check_agreement(result: dict, min_agreement: float, where: str) -> None:
             f"match the model's data, or try another --algo ({', '.join(ALGOS)})")
 
 
+def check_output_dir(output_dir: str, prefix: str = "inference") -> None:
+    """Refuse a folder that holds an export this function did not write: the int8 export would replace it.
+    An earlier int8 export there is replaced, once the new one is complete."""
+    output_dir = os.path.abspath(output_dir)
+    programs = [prefix + ext for ext in (".json", ".pdmodel") if os.path.isfile(os.path.join(output_dir, prefix + ext))]
+    if os.path.isfile(os.path.join(output_dir, META_FILE)):
+        try:
+            earlier = read_meta(output_dir)
+        except (OSError, ValueError):
+            earlier = None
+        if isinstance(earlier, dict) and earlier.get("quantization"):
+            return
+        raise ConfigError(f"--output-dir {output_dir}: holds another export ({META_FILE} of a model that is not "
+                          f"int8), which the int8 export would replace; write it to a new folder")
+    if programs:
+        raise ConfigError(f"--output-dir {output_dir}: holds {programs[0]} without its {META_FILE}, which the int8 "
+                          f"export would replace; write it to a new folder")
+
+
+def _publish(staging: str, output_dir: str, prefix: str) -> None:
+    """Move the finished int8 export from ``staging`` into ``output_dir``, ``inference.yml`` last: an earlier
+    int8 export there stays whole until the new one is complete."""
+    os.makedirs(output_dir, exist_ok=True)
+    meta_path = os.path.join(output_dir, META_FILE)
+    if os.path.isfile(meta_path):
+        os.remove(meta_path)  # the earlier export is no longer one from here on
+    remove_stale(output_dir, prefix)
+    for name in sorted(os.listdir(staging), key=lambda n: n == META_FILE):
+        os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
+
+
 def quantize(model_dir: str, calib_dir: str, output_dir: str, num_images: Optional[int] = DEFAULT_NUM_IMAGES,
              algo: str = DEFAULT_ALGO, batch_size: int = DEFAULT_BATCH_SIZE, eval_dir: Optional[str] = None,
              check: bool = True, min_agreement: float = DEFAULT_MIN_AGREEMENT, threads: int = 1,
@@ -185,22 +217,36 @@ def quantize(model_dir: str, calib_dir: str, output_dir: str, num_images: Option
         headroom, headroom_reason = float(activation_headroom), "given"
     else:
         raise ConfigError(f"--activation-headroom {activation_headroom}: need >= 1 (1 = the calibrated ranges)")
+    if not 0.0 <= min_agreement <= 1.0:
+        raise ConfigError(f"--min-agreement {min_agreement}: a fraction of images, from 0 to 1 (e.g. 0.98)")
     paths = spread_subset(list_images(calib_dir), num_images)
     output_dir = os.path.abspath(output_dir)
     if output_dir == files.model_dir:
         raise ConfigError(f"--output-dir {output_dir}: is the fp32 export itself; write the int8 export elsewhere")
-    if os.path.isfile(os.path.join(output_dir, META_FILE)):
-        os.remove(os.path.join(output_dir, META_FILE))  # no stale meta next to a half-written program
-    os.makedirs(output_dir, exist_ok=True)
-    remove_stale(output_dir, files.prefix)
+    check_output_dir(output_dir, files.prefix)
+    # Written beside the destination and moved in when complete and checked: a failed calibration or
+    # check leaves the destination as it was.
+    staging = f"{output_dir}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    try:
+        report = _quantize_into(staging, meta, files, preprocess, paths, calib_dir, algo, batch_size, headroom,
+                                headroom_reason, eval_dir, check, min_agreement, threads, started)
+        _publish(staging, output_dir, files.prefix)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("int8: %s -> %s (%d calibration images, %s)", files.model_dir, output_dir, len(paths), algo)
+    return {**report, "model_dir": output_dir, "meta_file": os.path.join(output_dir, META_FILE)}
 
-    calibrated = _calibrate(files, preprocess, paths, output_dir, algo, batch_size, headroom)
+
+def _quantize_into(staging, meta, files, preprocess, paths, calib_dir, algo, batch_size, headroom, headroom_reason,
+                   eval_dir, check, min_agreement, threads, started) -> dict:
+    calibrated = _calibrate(files, preprocess, paths, staging, algo, batch_size, headroom)
     counts = {op: calibrated["ops"].get(op, 0) for op in QUANT_OPS}
     if not counts["quantize_linear"]:
-        remove_stale(output_dir, files.prefix)
-        raise UnsupportedError(f"{model_dir}: PostTrainingQuantization inserted no quantize ops (no conv2d/mul/"
-                               f"matmul in the program?); nothing to run in int8")
-    int8_files = find_model_files(output_dir, files.prefix)
+        raise UnsupportedError(f"{files.model_dir}: PostTrainingQuantization inserted no quantize ops (no conv2d/"
+                               f"mul/matmul in the program?); nothing to run in int8")
+    int8_files = find_model_files(staging, files.prefix)
     calibration_seconds = round(time.time() - started, 2)
 
     comparison = None
@@ -212,11 +258,7 @@ def quantize(model_dir: str, calib_dir: str, output_dir: str, num_images: Option
         else:
             comparison = compare_predictions(files, int8_files, preprocess, paths, threads=threads)
             comparison["directory"] = "calibration images"
-        try:
-            _check_agreement(comparison, min_agreement, "evaluation" if eval_dir else "calibration")
-        except CalibrationCheckError:
-            remove_stale(output_dir, files.prefix)
-            raise
+        _check_agreement(comparison, min_agreement, "evaluation" if eval_dir else "calibration")
 
     quantization = {
         "method": "post-training, paddle.static.quantization.PostTrainingQuantization (onnx_format: "
@@ -243,7 +285,5 @@ def quantize(model_dir: str, calib_dir: str, output_dir: str, num_images: Option
         out_meta["outputs"] = [dict(o, name=n) for o, n in zip(meta["outputs"], calibrated["fetch_names"])]
     out_meta["precision"] = "int8"
     out_meta["quantization"] = quantization
-    meta_file = write_meta(output_dir, out_meta)
-    log.info("int8: %s -> %s (%d calibration images, %s)", files.model_dir, output_dir, len(paths), algo)
-    return {"model_dir": output_dir, "meta_file": meta_file, "source_dir": files.model_dir,
-            "seconds": round(time.time() - started, 2), **quantization}
+    write_meta(staging, out_meta)
+    return {"source_dir": files.model_dir, "seconds": round(time.time() - started, 2), **quantization}

@@ -199,3 +199,38 @@ def test_deploy_runs_the_int8_export_with_its_op_list_and_auto_picks_int8(int8_e
         assert convs and all("wei:s8" in c for c in convs), (precision, convs[:2])
         outputs[precision] = [ln for ln in lines if ln.startswith(val)]
     assert len(outputs["int8"]) >= 10 and outputs["auto"] == outputs["int8"]
+
+
+def test_an_export_in_the_output_dir_is_never_lost(int8_export, tmp_path):
+    """Before: quantize emptied --output-dir before calibrating and again when the check failed, so an fp32
+    export there (or an earlier int8 one) was gone, whether the new calibration succeeded or not."""
+    import filecmp
+    import shutil
+    calib = os.path.join(int8_export["tree"], "train")
+    fp32_copy = tmp_path / "fp32_copy"
+    shutil.copytree(int8_export["fp32_dir"], fp32_copy)
+    before = sorted(os.listdir(fp32_copy))
+    with pytest.raises(ConfigError) as err:
+        quantize(int8_export["fp32_dir"], calib, str(fp32_copy))
+    assert str(err.value) == (f"--output-dir {fp32_copy}: holds another export (inference.yml of a model that is "
+                              f"not int8), which the int8 export would replace; write it to a new folder")
+    assert sorted(os.listdir(fp32_copy)) == before
+    with pytest.raises(ConfigError, match=r"--min-agreement 2: a fraction of images, from 0 to 1"):
+        quantize(int8_export["fp32_dir"], calib, str(tmp_path / "new"), min_agreement=2)
+    # an earlier int8 export stays whole when the new calibration fails after writing its program ...
+    earlier = tmp_path / "earlier"
+    shutil.copytree(int8_export["dir"], earlier)
+    empty = tmp_path / "no_images"
+    empty.mkdir()
+    with pytest.raises(DataError, match="no class sub-directories"):  # read after the calibration
+        quantize(int8_export["fp32_dir"], calib, str(earlier), num_images=16, eval_dir=str(empty))
+    match, mismatch, errors = filecmp.cmpfiles(int8_export["dir"], earlier, os.listdir(int8_export["dir"]),
+                                               shallow=False)
+    assert not mismatch and not errors and sorted(os.listdir(earlier)) == sorted(os.listdir(int8_export["dir"]))
+    assert [p for p in os.listdir(tmp_path) if ".tmp-" in p] == []
+    # ... and is replaced by a complete one when it succeeds
+    report = quantize(int8_export["fp32_dir"], calib, str(earlier), num_images=16, min_agreement=0.0)
+    with open(earlier / "inference.yml", encoding="utf-8") as f:
+        replaced = yaml.safe_load(f)
+    assert report["model_dir"] == str(earlier) and replaced["quantization"]["calibration"]["images"] == 16
+    assert sorted(os.listdir(earlier)) == sorted(os.listdir(int8_export["dir"]))
