@@ -15,6 +15,9 @@ them as CSV rows (image, rank, class_id, class_name, score), ``--output FILE.jso
 ``auto`` (default) = ``config`` when ``-c`` is given, else ``model``. Class names, first found:
 ``--labels FILE`` (one per line, line k = class k), the class list saved with the checkpoint, the config's
 training folders (``data.root/<train_split>``), ``class <k>``.
+An image of a folder or list that cannot be read is one ``skipped PATH: cannot read image (reason)`` line
+on stderr and the others are predicted; the run then ends with a line counting the skipped images and exit
+code 2. An image file given alone that cannot be read is one ``error:`` line (exit 2).
 
 Detection: one image. Prints one line per box (class, score, x1 y1 x2 y2 in image pixels) and saves
 a PNG with the boxes. Class names: classes.json next to the weights (written by training), else the
@@ -66,14 +69,39 @@ def read_image_list(path):
 
 
 def read_rgb(path):
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     from ppdlx.errors import DataError
     try:
         with Image.open(path) as im:
             return im.convert("RGB")
-    except (UnidentifiedImageError, OSError) as err:
-        raise DataError(f"{path}: not a readable image ({err})") from None
+    except (OSError, ValueError, SyntaxError) as err:  # what Pillow raises for a damaged or foreign file
+        raise DataError(f"{path}: cannot read image ({err})") from None
+
+
+def readable_batches(paths, batch_size, transform, skipped=None):
+    """``(paths, arrays)`` batches of ``transform(image)``. An unreadable file raises DataError; with a
+    ``skipped`` list it is one ``skipped PATH: cannot read image (reason)`` line on stderr, goes into the list
+    and is left out, and the next files fill its place in the batch, so results stay with their paths."""
+    import sys
+
+    from ppdlx.errors import DataError
+    chunk, arrays = [], []
+    for path in paths:
+        try:
+            arrays.append(transform(read_rgb(path)))
+        except DataError as err:
+            if skipped is None:
+                raise
+            print(f"skipped {err}", file=sys.stderr)
+            skipped.append(path)
+            continue
+        chunk.append(path)
+        if len(chunk) == batch_size:
+            yield chunk, arrays
+            chunk, arrays = [], []
+    if chunk:
+        yield chunk, arrays
 
 
 def prediction_format(output):
@@ -174,12 +202,12 @@ def classify(args, cfg, model):
           f"{t.crop_size}, (pixel - {list(t.mean)}) / {list(t.std)}")
     print(f"class names: {names_from or 'none found, class indices'}")
     k = min(args.top_k, num_classes)
-    predictions = []
-    for start in range(0, len(paths), args.batch_size):
-        chunk = paths[start:start + args.batch_size]
-        batch = np.stack([transform(read_rgb(p)) for p in chunk])
+    predictions, skipped = [], []
+    # a folder's or list's unreadable image is skipped and the others predicted; an image file given is the run
+    single_image = paths == [args.image]
+    for chunk, arrays in readable_batches(paths, args.batch_size, transform, None if single_image else skipped):
         with paddle.no_grad():
-            probs = paddle.nn.functional.softmax(model(paddle.to_tensor(batch)), axis=-1).numpy()
+            probs = paddle.nn.functional.softmax(model(paddle.to_tensor(np.stack(arrays))), axis=-1).numpy()
         for path, p in zip(chunk, probs):
             top = np.argsort(-p, kind="stable")[:k]
             rows = [{"class_index": int(c), "class": names[int(c)], "score": round(float(p[c]), 6)} for c in top]
@@ -188,13 +216,19 @@ def classify(args, cfg, model):
             for r in rows:
                 print(f"  {r['score']:.4f}  {r['class_index']:>5d}  {r['class']}")
     report = {"task": "classification", "model": cfg.model.name, "weights": cfg.model.weights,
-              "preprocess": preprocess, "class_names_from": names_from, "predictions": predictions}
+              "preprocess": preprocess, "class_names_from": names_from, "predictions": predictions,
+              "skipped": skipped}
     if output_format == "csv":
         write_predictions_csv(args.output, predictions)
     elif output_format == "json":
         write_report(args.output, report, "--output")
-    print(f"{len(paths)} images, top-{k} of {num_classes} classes" + (f" -> {args.output}" if args.output else ""))
+    print(f"{len(predictions)} images, top-{k} of {num_classes} classes" + (f" -> {args.output}" if args.output
+                                                                              else ""))
     write_report(args.report, report)
+    if skipped:
+        from ppdlx.errors import DataError
+        raise DataError(f"{len(skipped)} of {len(paths)} images skipped (cannot read image); "
+                        f"the other {len(predictions)} were predicted")
 
 
 def detect(args, cfg):
@@ -206,7 +240,7 @@ def detect(args, cfg):
     if os.path.isdir(args.image):
         raise ConfigError(f"--image {args.image}: detection takes one image file, not a folder")
     det = Detector(cfg, nms=args.nms, score_threshold=args.score_threshold)
-    image, boxes, scores, classes = det.detect(args.image)
+    image, boxes, scores, classes = det.detect(read_rgb(args.image))
     out = args.output or os.path.splitext(args.image)[0] + "_det.png"
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     draw_detections(image, boxes, scores, classes, det.names).save(out, format="PNG")

@@ -11,8 +11,8 @@ import os
 import numpy as np
 
 from ppdlx.analysis.figures import (grid_figure, grid_size, hide_unused, load_rgb, new_figure, plotting_available,
-                                    save_png, show_image)
-from ppdlx.analysis.tables import markdown_table, write_text
+                                    save_figure, show_image)
+from ppdlx.analysis.tables import markdown_table, skipped_lines, write_text
 
 CONFUSION_MARGINS = (130, 110, 50, 110)  # left, right, top, bottom (px): names, colour bar, title
 ERROR_CELL = (150, 170)
@@ -81,15 +81,18 @@ def classification_analysis(labels, scores, paths, class_names, out_dir: str, to
     from sklearn.metrics import confusion_matrix
     result = classification_metrics(labels, scores, class_names, paths, top_errors)
     os.makedirs(out_dir, exist_ok=True)
-    files = {}
+    drawn, skipped = {}, {}
     if figures and plotting_available():
         labels = np.asarray(labels, np.int64).reshape(-1)
         preds = to_probabilities(scores).argmax(axis=1)
         normalised = confusion_matrix(labels, preds, labels=np.arange(len(class_names)), normalize="true")
-        files["confusion.png"] = save_png(confusion_figure(normalised, class_names, result),
-                                          os.path.join(out_dir, "confusion.png"))
-        files["errors.png"] = save_png(errors_figure(result["most_confident_errors"], result["errors"]),
-                                       os.path.join(out_dir, "errors.png"))
+        drawn["confusion.png"] = save_figure(lambda: confusion_figure(normalised, class_names, result),
+                                             os.path.join(out_dir, "confusion.png"), skipped)
+        drawn["errors.png"] = save_figure(lambda: errors_figure(result["most_confident_errors"], result["errors"]),
+                                          os.path.join(out_dir, "errors.png"), skipped)
+    files = {name: path for name, path in drawn.items() if path}
+    if skipped:
+        result["figures_skipped"] = skipped
     files["analysis.md"] = write_text(os.path.join(out_dir, "analysis.md"),
                                       classification_markdown(result, class_names, files))
     result["files"] = files
@@ -173,6 +176,7 @@ def classification_markdown(result, class_names, files) -> str:
     for name in ("confusion.png", "errors.png"):
         if name in files:
             lines += [f"![{name}]({name})", ""]
+    lines += skipped_lines(result)
     if result["most_confident_errors"]:
         lines += ["## Most confidently misclassified", "",
                   markdown_table(["image", "true", "predicted", "confidence", "p(true)"],

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from ppdlx.analysis.figures import PLOT_EXTRA, new_figure, plotting_available, save_png
+from ppdlx.analysis.figures import PLOT_EXTRA, figure_skipped, new_figure, plotting_available, save_png
 from ppdlx.errors import ConfigError, DataError
 
 log = logging.getLogger("ppdlx.analysis")
@@ -166,14 +166,18 @@ def plot_curves(run_dirs, out_path: str, labels=None) -> dict:
 
 
 def write_run_figures(run_dir: str) -> list:
-    """``<run_dir>/curves.png`` at the end of a run. Never stops a run: without matplotlib or metrics it
-    logs one line and returns ``[]``; otherwise the written paths."""
+    """``<run_dir>/curves.png`` at the end of a run. Never stops a run: without matplotlib or metrics, or
+    when drawing fails, it logs one line and returns ``[]``; otherwise the written paths."""
     if not plotting_available():
         log.info("curves.png not drawn: matplotlib is not installed (%s)", PLOT_EXTRA)
         return []
     if not os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
         log.info("curves.png not drawn: %s has no metrics.jsonl", run_dir)
         return []
-    out = plot_curves([run_dir], os.path.join(run_dir, "curves.png"))
+    try:
+        out = plot_curves([run_dir], os.path.join(run_dir, "curves.png"))
+    except Exception as err:  # noqa: BLE001 - a figure never fails the run it shows
+        figure_skipped("curves.png", err)
+        return []
     log.info("curves: %s", out["path"])
     return [out["path"]]

@@ -14,8 +14,8 @@ import os
 import numpy as np
 
 from ppdlx.analysis.figures import (class_colour, draw_boxes, hide_unused, load_rgb, new_figure,
-                                    plotting_available, save_png, show_image)
-from ppdlx.analysis.tables import markdown_table, write_text
+                                    plotting_available, save_figure, show_image)
+from ppdlx.analysis.tables import markdown_table, skipped_lines, write_text
 
 PR_CELL = (320, 260)
 PR_COLUMNS = 4
@@ -125,13 +125,17 @@ def detection_analysis(coco_eval, out_dir: str, image_dir: str | None = None, ma
     shown = sorted(errors, key=lambda i: (-errors[i], i))[:max_images]
     result["images_shown"] = [{"image_id": i, "errors_at_iou_0.5": errors[i]} for i in shown]
     os.makedirs(out_dir, exist_ok=True)
-    files = {}
+    drawn, skipped = {}, {}
     if figures and plotting_available():
-        files["pr_curves.png"] = save_png(pr_figure(pr_curves(coco_eval)), os.path.join(out_dir, "pr_curves.png"))
+        drawn["pr_curves.png"] = save_figure(lambda: pr_figure(pr_curves(coco_eval)),
+                                             os.path.join(out_dir, "pr_curves.png"), skipped)
         if image_dir:
-            files["detections.png"] = save_png(detections_figure(coco_eval, image_dir, shown, errors,
-                                                                 score_threshold),
-                                               os.path.join(out_dir, "detections.png"))
+            drawn["detections.png"] = save_figure(
+                lambda: detections_figure(coco_eval, image_dir, shown, errors, score_threshold),
+                os.path.join(out_dir, "detections.png"), skipped)
+    files = {name: path for name, path in drawn.items() if path}
+    if skipped:
+        result["figures_skipped"] = skipped
     files["analysis.md"] = write_text(os.path.join(out_dir, "analysis.md"), detection_markdown(result, files))
     result["files"] = files
     return result
@@ -217,6 +221,7 @@ def detection_markdown(result, files) -> str:
     for name in ("pr_curves.png", "detections.png"):
         if name in files:
             lines += [f"![{name}]({name})", ""]
+    lines += skipped_lines(result)
     if result["images_shown"]:
         shown = ", ".join(f"{i['image_id']} ({i['errors_at_iou_0.5']})" for i in result["images_shown"])
         lines += [f"Images with the most errors at IoU 0.5 (missed boxes + detections with score >= "

@@ -6,12 +6,15 @@ given in pixels and saved at ``DPI`` without tight cropping, so a PNG has exactl
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 
 import numpy as np
 
 from ppdlx.errors import UnsupportedError
+
+log = logging.getLogger("ppdlx.analysis")
 
 DPI = 100
 PLOT_EXTRA = "pip install 'ppdlx[plot]'"
@@ -57,12 +60,37 @@ def grid_figure(cells: int, max_columns: int, cell_px, title_px: int, title: str
     return fig, axes
 
 
+def figure_skipped(name: str, err: BaseException) -> str:
+    """Log that figure ``name`` was not drawn because of ``err`` (one warning line); returns the reason."""
+    message = (str(err).strip().splitlines() or [""])[0]
+    reason = f"{type(err).__name__}: {message}" if message else type(err).__name__
+    log.warning("%s not drawn: %s", name, reason)
+    return reason
+
+
+def save_figure(draw, path: str, skipped: dict) -> str | None:
+    """``save_png(draw(), path)``; when drawing or saving fails, the figure is left out with one warning
+    line (``skipped[name] = reason``) and None returned: a picture is never worth the exit code of a
+    finished training or evaluation, nor the rest of its report."""
+    name = os.path.basename(path)
+    try:
+        return save_png(draw(), path)
+    except Exception as err:  # noqa: BLE001 - any drawing failure (matplotlib, fonts, images) skips the figure
+        skipped[name] = figure_skipped(name, err)
+        return None
+
+
 def save_png(fig, path: str) -> str:
     """Write ``fig`` to ``path`` atomically (a reader never sees half a PNG); returns ``path``."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}.png"
-    fig.savefig(tmp, dpi=DPI, format="png")
-    os.replace(tmp, path)
+    try:
+        fig.savefig(tmp, dpi=DPI, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     return path
 
 
@@ -96,16 +124,34 @@ def show_image(ax, image, title: str = "", fontsize: float = 8, placeholder: str
         ax.set_title(title, fontsize=fontsize)
 
 
+def clip_to_view(ax, boxes_xywh) -> list:
+    """``(index, x1, y1, x2, y2)`` of each COCO ``[x, y, w, h]`` box cut to what ``ax`` shows (the image);
+    boxes with no area left there, or not finite, are left out."""
+    (left, right), (top, bottom) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+    kept = []
+    for i, box in enumerate(boxes_xywh):
+        x, y, w, h = (float(v) for v in box)
+        if not np.isfinite([x, y, w, h]).all():
+            continue
+        x1, x2 = min(max(x, left), right), min(max(x + w, left), right)
+        y1, y2 = min(max(y, top), bottom), min(max(y + h, top), bottom)
+        if x2 > x1 and y2 > y1:
+            kept.append((i, x1, y1, x2, y2))
+    return kept
+
+
 def draw_boxes(ax, boxes_xywh, names, colours, scores=None, fontsize: float = 7) -> None:
-    """COCO ``[x, y, w, h]`` boxes as outlines, each labelled with its name (and score)."""
+    """COCO ``[x, y, w, h]`` boxes as outlines cut to the image ``ax`` shows, each labelled with its name
+    (and score) inside the axes: an under-trained detector predicts boxes far outside the image, and text
+    placed there overflows the font rasteriser."""
     from matplotlib.patches import Rectangle
     top = min(ax.get_ylim())
-    for i, (x, y, w, h) in enumerate(boxes_xywh):
+    for i, x1, y1, x2, y2 in clip_to_view(ax, boxes_xywh):
         colour = colours[i]
-        ax.add_patch(Rectangle((x, y), w, h, fill=False, edgecolor=colour, linewidth=1.5))
+        ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor=colour, linewidth=1.5))
         label = names[i] if scores is None else f"{names[i]} {scores[i]:.2f}"
-        inside = y - top < 0.1 * h + 4  # no room above the box: the label goes just inside its top edge
-        ax.text(x, y, label, fontsize=fontsize, color="white", va="top" if inside else "bottom", clip_on=True,
+        inside = y1 - top < 0.1 * (y2 - y1) + 4  # no room above the box: the label goes just inside its top edge
+        ax.text(x1, y1, label, fontsize=fontsize, color="white", va="top" if inside else "bottom", clip_on=True,
                 bbox=dict(facecolor=colour, edgecolor="none", pad=1.0, alpha=0.85))
 
 

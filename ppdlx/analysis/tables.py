@@ -37,3 +37,11 @@ def write_text(path: str, text: str) -> str:
         f.write(text)
     os.replace(tmp, path)
     return path
+
+
+def skipped_lines(result: dict) -> list:
+    """Markdown paragraphs naming the figures of ``result["figures_skipped"]`` ({name: reason}) not drawn."""
+    lines = []
+    for name, reason in (result.get("figures_skipped") or {}).items():
+        lines += [f"`{name}` not drawn: {reason}", ""]
+    return lines

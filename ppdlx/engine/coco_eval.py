@@ -31,20 +31,26 @@ log = logging.getLogger("ppdlx.eval")
 STAT_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 
 
-def detections_to_coco(image_ids, boxes, scores, classes, counts, cat_ids) -> list:
+def detections_to_coco(image_ids, boxes, scores, classes, counts, cat_ids, image_sizes=None) -> list:
     """Post-processed batch -> COCO result dicts.
 
     ``boxes [N, D, 4]`` x1y1x2y2 in original pixels, ``scores [N, D]``, ``classes [N, D]`` 0-based
-    (-1 padding), ``counts [N]``; ``cat_ids[label]`` is the dataset's category id.
+    (-1 padding), ``counts [N]``; ``cat_ids[label]`` is the dataset's category id. With ``image_sizes``
+    (image id -> ``(width, height)``) boxes are clipped to their image: the post-processing clips to the
+    network input, whose padding lies beyond the image's shorter side.
     """
     out = []
     boxes, scores, classes = np.asarray(boxes), np.asarray(scores), np.asarray(classes)
     for i, image_id in enumerate(np.asarray(image_ids).reshape(-1).tolist()):
+        size = (image_sizes or {}).get(int(image_id))
         for j in range(int(np.asarray(counts).reshape(-1)[i])):
             c = int(classes[i, j])
             if c < 0:
                 continue
             x1, y1, x2, y2 = (float(v) for v in boxes[i, j])
+            if size is not None:
+                x1, x2 = (min(max(v, 0.0), float(size[0])) for v in (x1, x2))
+                y1, y2 = (min(max(v, 0.0), float(size[1])) for v in (y1, y2))
             if not all(np.isfinite((x1, y1, x2, y2, float(scores[i, j])))):
                 continue  # an untrained head can decode to inf; COCO cannot score it
             out.append({"image_id": int(image_id), "category_id": int(cat_ids[c]),
@@ -166,6 +172,8 @@ class CocoEvaluator:
         self.amp_plan = amp_plan
         self.precise_bn = precise_bn  # (train loader, batches): re-estimate BN statistics before evaluating
         self.last_coco_eval = None  # rank 0: the last evaluation's COCOeval (per-category analysis)
+        self.image_sizes = {int(i): (info["width"], info["height"]) for i, info in coco_gt.imgs.items()
+                            if "width" in info and "height" in info}
 
     @paddle.no_grad()
     def predict(self, model):
@@ -188,7 +196,7 @@ class CocoEvaluator:
             else:
                 boxes, scores, classes, counts = (t.numpy() for t in self.postprocess(cls_out, box_out, scales))
             ids = np.asarray(ids).reshape(-1)
-            detections += detections_to_coco(ids, boxes, scores, classes, counts, self.cat_ids)
+            detections += detections_to_coco(ids, boxes, scores, classes, counts, self.cat_ids, self.image_sizes)
             image_ids += ids.tolist()
         return detections, image_ids
 

@@ -68,7 +68,8 @@ class Detector:
 
     @paddle.no_grad()
     def detect(self, image):
-        """PIL image or path -> (image, boxes [K,4] x1y1x2y2 original pixels, scores [K], classes [K])."""
+        """PIL image or path -> (image, boxes [K,4] x1y1x2y2 original pixels within the image, scores [K],
+        classes [K])."""
         if isinstance(image, str):
             if not os.path.isfile(image):
                 raise DataError(f"{image}: image file not found")
@@ -87,7 +88,9 @@ class Detector:
             boxes, scores, classes, count = (t.numpy() for t in self.post(cls_out, box_out, scales))
         n = int(np.asarray(count).reshape(-1)[0])
         keep = np.asarray(scores[0][:n]) >= self.score_threshold
-        return image, boxes[0][:n][keep], scores[0][:n][keep], classes[0][:n][keep]
+        width, height = image.size  # the post-processing clips to the network input, padding included
+        boxes = np.clip(np.asarray(boxes[0][:n][keep]), 0, np.asarray([width, height, width, height], np.float32))
+        return image, boxes, scores[0][:n][keep], classes[0][:n][keep]
 
 
 def _font(size):

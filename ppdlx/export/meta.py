@@ -20,8 +20,9 @@ Schema (``ppdlx_inference: 1``)::
                  shape_range: {input: {min, opt, max}}}
     onnx:       detection only: the ONNX graph's own {inputs, outputs: [{name, role:
                 candidate_boxes|candidate_scores|candidate_classes}], nms: {type: multiclass_nms3,
-                score_threshold, iou_threshold, keep_top_k, nms_top_k, normalized, box_coords}}
-                (ppdlx.export.onnx_detection: the graph stops before NMS)
+                score_threshold, iou_threshold, keep_top_k, nms_top_k, normalized, box_coords,
+                clip_to_input_hw (the kept boxes are clipped to [0, h] x [0, w] input pixels; older
+                exports have none and are not clipped)}} (ppdlx.export.onnx_detection: the graph stops before NMS)
     export_check: max abs differences measured at export time
     verify:     written by --verify (ppdlx.export.verify): images, reference metrics, per backend
                 and precision the deployed metrics, agreement, pass/fail and the cause

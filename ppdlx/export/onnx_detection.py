@@ -7,8 +7,9 @@ NMS call. It outputs ``candidate_boxes [N, K, 4]`` (x1, y1, x2, y2 in network-in
 ``candidate_scores [N, K]`` (sigmoid, descending) and ``candidate_classes [N, K]`` int64, and
 ``inference.yml`` gets an ``onnx`` section with these outputs and the NMS settings; the deploy
 package runs NMS in numpy (``ppdlx_deploy.postprocess.multiclass_nms``, a mirror of Paddle's
-kernel) and scales the boxes to original pixels. TensorRT (trtexec) takes the same graph, and its
-convolution weights are initializers, so a 2:4-pruned model keeps its pattern.
+kernel), clips the kept boxes to the input and scales them to original pixels. TensorRT (trtexec)
+takes the same graph, and its convolution weights are initializers, so a 2:4-pruned model keeps its
+pattern.
 
 Candidates whose scores tie (an untrained head scores every anchor alike, a trained one fed random
 inputs saturates) may come out of top-k and NMS in a different order in each runtime, so
@@ -64,13 +65,14 @@ def save_candidates_program(detector: nn.Layer, output_dir: str, image_size: int
 
 def onnx_section(output_names: Sequence[str], inputs: List[dict], postprocess) -> dict:
     """``inference.yml``'s ``onnx`` section: the graph's own I/O and the NMS the deploy side runs
-    (the arguments ``ppdlx.models.detection.nms.multiclass_hard_nms`` gives the Paddle kernel)."""
+    (the arguments ``ppdlx.models.detection.nms.multiclass_hard_nms`` gives the Paddle kernel), and the
+    input size the kept boxes are clipped to after it, as the program clips them."""
     return {"inputs": inputs,
             "outputs": [{"name": n, "role": r} for n, r in zip(output_names, CANDIDATE_ROLES)],
             "nms": {"type": "multiclass_nms3", "score_threshold": float(postprocess.score_threshold),
                     "iou_threshold": float(postprocess.iou_threshold),
                     "keep_top_k": int(postprocess.max_detections), "nms_top_k": -1, "normalized": True,
-                    "box_coords": "input"}}
+                    "box_coords": "input", "clip_to_input_hw": [int(v) for v in postprocess.input_hw]}}
 
 
 def _tolerance(reference: np.ndarray, atol: float, rtol: float) -> float:

@@ -119,3 +119,69 @@ def test_needs_an_accumulated_evaluation(shapes):
                                                        "score": 0.5}]), iouType="bbox")
     with pytest.raises(ValueError, match=r"call evaluate\(\) and accumulate\(\) first"):
         per_category_ap(ev)
+
+
+def far_box_detections(gt):
+    """What an under-trained detector wrote to detections_val.json before boxes were clipped: boxes around
+    +-1e11 px (one per image, confident) beside a small box on each image."""
+    out = []
+    for image_id in sorted(gt.getImgIds()):
+        out.append({"image_id": image_id, "category_id": 1, "score": 0.9, "bbox": [-1.3e11, -0.7e11, 2.9e11, 1.5e11]})
+        out.append({"image_id": image_id, "category_id": 3, "score": 0.8, "bbox": [3.0, 4.0, 10.0, 12.0]})
+    return out
+
+
+def test_boxes_far_outside_the_image_are_drawn_cut_to_it(shapes):
+    """draw_boxes cuts each box to the image the axes show and puts its label inside the axes (the label at
+    -1e11 px overflowed FreeType's rasteriser: 'FT_Render_Glyph ... raster overflow')."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.patches import Rectangle
+
+    from ppdlx.analysis.figures import draw_boxes, new_figure, show_image
+    fig = new_figure(200, 150)
+    ax = fig.subplots()
+    show_image(ax, np.zeros((30, 40, 3), np.uint8))  # pixel edges at -0.5 .. 39.5 x -0.5 .. 29.5
+    draw_boxes(ax, [[-1.3e11, -0.7e11, 2.9e11, 1.5e11], [3.0, 4.0, 10.0, 12.0], [50.0, 5.0, 5.0, 5.0],
+                    [float("inf"), 0.0, 5.0, 5.0]], ["far", "small", "outside", "inf"], [(1, 0, 0)] * 4,
+               scores=[0.9, 0.8, 0.7, 0.6])
+    rects = [(p.get_x(), p.get_y(), p.get_width(), p.get_height()) for p in ax.patches if isinstance(p, Rectangle)]
+    assert rects == [(-0.5, -0.5, 40.0, 30.0), (3.0, 4.0, 10.0, 12.0)]  # wholly outside / not finite: not drawn
+    labels = {t.get_text(): t.get_position() for t in ax.texts}
+    assert labels == {"far 0.90": (-0.5, -0.5), "small 0.80": (3.0, 4.0)}
+    assert [t.get_va() for t in ax.texts] == ["top", "top"]  # no room above either box: inside its top edge
+    fig.canvas.draw()  # renders the labels
+
+
+def test_analysis_of_far_boxes_writes_its_report_and_figures(shapes, tmp_path):
+    pytest.importorskip("matplotlib")
+    gt = shapes["gt"]
+    ev = evaluated(gt, far_box_detections(gt))
+    result = detection_analysis(ev, str(tmp_path), image_dir=shapes["image_dir"], max_images=4)
+    assert sorted(result["files"]) == ["analysis.md", "detections.png", "pr_curves.png"]
+    assert "figures_skipped" not in result
+    assert result["per_category"]["circle"]["detections"] == 24 and result["per_category"]["circle"]["AP"] == 0.0
+    md = (tmp_path / "analysis.md").read_text()
+    assert "![detections.png](detections.png)" in md and "not drawn" not in md
+    with Image.open(tmp_path / "detections.png") as img:
+        assert img.size == (4 * 260, 60 + 2 * 260)
+
+
+def test_a_figure_that_cannot_be_drawn_is_skipped_with_one_warning(shapes, tmp_path, ppdlx_caplog):
+    """Whatever fails while a figure is drawn or saved (here: a directory stands where detections.png goes)
+    leaves that figure out with one warning naming it and the error; the other figure and analysis.md
+    are still written and the caller gets its result, not the exception."""
+    pytest.importorskip("matplotlib")
+    gt = shapes["gt"]
+    ev = evaluated(gt, noisy_detections(gt))
+    os.makedirs(tmp_path / "detections.png")
+    with ppdlx_caplog.at_level("WARNING", logger="ppdlx"):
+        result = detection_analysis(ev, str(tmp_path), image_dir=shapes["image_dir"], max_images=4)
+    assert sorted(result["files"]) == ["analysis.md", "pr_curves.png"]
+    reason = result["figures_skipped"]["detections.png"]
+    assert reason.startswith("IsADirectoryError: [Errno 21] Is a directory")
+    warnings = [r.getMessage() for r in ppdlx_caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"detections.png not drawn: {reason}"]
+    md = (tmp_path / "analysis.md").read_text()
+    assert f"`detections.png` not drawn: {reason}" in md and "![pr_curves.png](pr_curves.png)" in md
+    assert "| circle | 1 |" in md and "![detections.png]" not in md
+    assert sorted(os.listdir(tmp_path)) == ["analysis.md", "detections.png", "pr_curves.png"]  # no temporary file left

@@ -142,3 +142,73 @@ def test_eval_analysis_of_a_detector_has_pycocotools_per_category_ap(tmp_path):
             assert per_category[cat["name"]]["AP"] == pytest.approx(ev.stats[0], abs=1e-9)
             assert per_category[cat["name"]]["AP50"] == pytest.approx(ev.stats[1], abs=1e-9)
     assert any(per_category[name]["AP"] > 0 for name in per_category)
+
+
+def save_far_box_detector(tmp):
+    """Synthetic shapes in ``tmp`` and an EfficientDet-D0 whose heads answer like an under-trained one can:
+    every anchor scores 'circle' at sigmoid(3) with a box exp(25) times its anchor (~1e12 px across); weights
+    in a checkpoint file. Returns ``{"root", "base" (overrides), "weights"}``."""
+    from ppdlx.data.synthetic_coco import make_synthetic_coco
+    from ppdlx.engine.tasks import task_of
+    root = str(tmp / "shapes")
+    make_synthetic_coco(root, num_train=8, num_val=4, seed=1, size_range=(56, 80), max_objects=2)
+    base = [f"data.root={root}", "data.workers=0", "data.batch_size=4", "eval.batch_size=4",
+            "detection.pre_nms_top_k=300", "detection.precise_bn_batches=0"]
+    cfg = load_config(DET_DEMO, base)
+    paddle.seed(0)
+    model = task_of(cfg).build_model(cfg, 3)
+    state = model.state_dict()
+    for head, bias in (("class_net", np.tile([3.0, -10.0, -10.0], 9)), ("box_net", np.tile([0.0, 0.0, 25.0, 25.0], 9))):
+        state[f"{head}.predict.pointwise.weight"].set_value(np.zeros(state[f"{head}.predict.pointwise.weight"].shape,
+                                                                     np.float32))
+        state[f"{head}.predict.pointwise.bias"].set_value(bias.astype(np.float32))
+    paddle.save(model.state_dict(), str(tmp / "far.pdparams"))
+    return {"root": root, "base": base, "weights": str(tmp / "far")}
+
+
+@pytest.fixture(scope="module")
+def far_box_detector(tmp_path_factory):
+    return save_far_box_detector(tmp_path_factory.mktemp("far_boxes"))
+
+
+def _det_tool(name, *args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "tools", name), "-c", DET_DEMO, *args],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+
+
+def _boxes_on_their_images(root, detections_json):
+    with open(os.path.join(root, "annotations", "instances_val.json"), encoding="utf-8") as f:
+        sizes = {im["id"]: (im["width"], im["height"]) for im in json.load(f)["images"]}
+    with open(detections_json, encoding="utf-8") as f:
+        detections = json.load(f)
+    assert len(detections) >= len(sizes)
+    for d in detections:
+        x, y, w, h = d["bbox"]
+        width, height = sizes[d["image_id"]]
+        assert 0 <= x <= x + w <= width and 0 <= y <= y + h <= height, (d, width, height)
+    # the confident far boxes became their whole image
+    assert {d["image_id"]: d["bbox"] for d in detections if d["score"] > 0.9} == {
+        i: [0.0, 0.0, float(w), float(h)] for i, (w, h) in sizes.items()}
+
+
+def test_far_boxes_of_an_under_trained_detector_end_training_and_eval_with_exit_0(far_box_detector, tmp_path):
+    """The audit's journey: training ended with a matplotlib traceback and exit code 1 after a successful run
+    (labels drawn at +-1e11 px), with no analysis.md, and tools/eval.py --analysis failed the same way. The
+    detections are now clipped to their images and the figures drawn."""
+    pytest.importorskip("matplotlib")
+    det = far_box_detector
+    run = tmp_path / "run"
+    proc = _det_tool("train.py", "-o", *det["base"], f"global.output_dir={run}", f"model.weights={det['weights']}",
+                     "train.epochs=1", "eval.interval=1", "lr.base_lr=1e-9", "lr.warmup_epochs=0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "not drawn" not in proc.stderr
+    assert sorted(os.listdir(run / "analysis")) == ["analysis.md", "detections.png", "pr_curves.png"]
+    _boxes_on_their_images(det["root"], run / "detections_val.json")
+
+    ev_dir, analysis = tmp_path / "ev", tmp_path / "an"
+    proc = _det_tool("eval.py", "-o", *det["base"], f"global.output_dir={ev_dir}", f"model.weights={det['weights']}",
+                     "--analysis", str(analysis))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"analysis: {analysis / 'pr_curves.png'}, {analysis / 'detections.png'}, {analysis / 'analysis.md'}" \
+        in proc.stdout
+    _boxes_on_their_images(det["root"], ev_dir / "detections_val.json")

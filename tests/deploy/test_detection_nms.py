@@ -62,3 +62,35 @@ def test_onnx_candidates_are_completed_into_the_programs_outputs():
     np.testing.assert_array_equal(done[0][1], single[0] * 0.5)
     assert done[3].tolist() == [single[3]] * 2 and done[3].dtype == np.int32
     assert P.complete_outputs(meta, "paddle-cpu", outputs, feeds) is outputs
+
+
+def test_onnx_completion_clips_kept_boxes_to_the_input_as_the_program_does():
+    """With ``clip_to_input_hw`` (written by exports whose program clips after NMS) the completed ONNX outputs
+    equal the Paddle post-processing's: the same NMS on the unclipped candidates, then boxes clipped to the
+    64 x 48 input and scaled; an export without the key keeps its unclipped boxes (its program does not clip)."""
+    from ppdlx.models.detection.det_postprocess import EfficientDetPostProcess
+    boxes, scores, classes = candidates(11, k=120)
+    boxes[~np.isfinite(boxes)] = 1.0
+    boxes = (boxes - 32.0) * 4.0  # a quarter of the coordinates beyond the input on either side
+    nms = {"score_threshold": 0.001, "iou_threshold": 0.5, "keep_top_k": 20, "clip_to_input_hw": [48, 64]}
+    meta = {"inputs": [{"name": "image", "role": "image"}, {"name": "image_scale", "role": "scale"}],
+            "outputs": [{"name": "b", "role": "boxes"}, {"name": "s", "role": "scores"},
+                        {"name": "c", "role": "classes"}, {"name": "n", "role": "count"}],
+            "onnx": {"outputs": [{"name": "cb", "role": "candidate_boxes"}, {"name": "cs", "role": "candidate_scores"},
+                                 {"name": "cc", "role": "candidate_classes"}], "nms": nms}}
+    scales = np.asarray([3.0], np.float32)
+    done = P.complete_outputs(meta, "onnxruntime", [boxes[None], scores[None], classes[None]], {"image_scale": scales})
+    pp = EfficientDetPostProcess(num_classes=4, image_size=(48, 64), iou_threshold=0.5, max_detections=20)
+    kept_yxyx, kept_scores, kept_classes, count = multiclass_hard_nms(
+        paddle.to_tensor(boxes[None][..., [1, 0, 3, 2]]), paddle.to_tensor(scores[None]),
+        paddle.to_tensor(classes[None]), 4, 0.5, 0.001, 20)
+    expected = pp._to_original(kept_yxyx, paddle.to_tensor(scales)).numpy()
+    n = int(count.numpy()[0])
+    assert done[3].tolist() == [n] and n > 5
+    assert done[2][0].tolist() == kept_classes.numpy()[0].tolist()
+    np.testing.assert_allclose(done[0], expected, rtol=1e-6, atol=1e-4)
+    assert done[0].min() == 0.0 and done[0][..., 0::2].max() == 64 * 3.0 and done[0][..., 1::2].max() == 48 * 3.0
+    del nms["clip_to_input_hw"]
+    unclipped = P.complete_outputs(meta, "onnxruntime", [boxes[None], scores[None], classes[None]],
+                                   {"image_scale": scales})
+    assert unclipped[0].min() < 0.0 and unclipped[3].tolist() == [n]

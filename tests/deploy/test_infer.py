@@ -298,3 +298,87 @@ def test_cli_topk_and_benchmark_report(tmp_path):
         lat = r["latency_ms"]
         assert set(lat) == {"mean", "p50", "p90", "p95", "p99"} and lat["p50"] <= lat["p90"] <= lat["p99"]
         assert r["host_preprocess_ms"]["mean"] > 0 and r["host_postprocess_ms"]["mean"] >= 0
+
+
+def _classifier_export(tmp_path):
+    paddle.seed(0)
+    cfg = load_config(None, ["model.num_classes=3", "data.transforms.crop_size=32", "data.transforms.resize_short=36",
+                             "data.root=/nonexistent"])
+    export_model(cfg, output_dir=str(tmp_path / "m"), model=TinyNet(), labels=["cat", "dog", "bear"],
+                 check_batch_sizes=(2,))
+    return str(tmp_path / "m")
+
+
+def _top_classes(stdout):
+    """``{path: {label: probability}}`` from the classification lines ``PATH: label (id c) p, ...``."""
+    out = {}
+    for line in stdout.strip().splitlines():
+        path, _, rest = line.rpartition(": ")
+        out[path] = {part.split(" (id ")[0]: float(part.rsplit(" ", 1)[1]) for part in rest.split(", ")}
+    return out
+
+
+def test_cli_skips_unreadable_images_of_a_folder_and_predicts_the_others(tmp_path):
+    """One unreadable file no longer stops a folder's run: it is one 'skipped' line on stderr, every other image
+    is predicted under its own name (batches refill, so no result moves to another file), and the run ends
+    with a line counting the skipped files and exit code 2. A single unreadable --input file stays one line."""
+    model_dir = _classifier_export(tmp_path)
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    for i in range(9):
+        natural_image(30 + 7 * i, 60 - 3 * i, seed=i).save(imgs / f"{i:02d}.jpg")
+    bad = {"01bad.jpg": b"", "zzzbad.jpg": b"this is not a JPEG\n"}  # inside the first batch of 4, and last
+    for name, data in bad.items():
+        (imgs / name).write_bytes(data)
+    command = [sys.executable, INFER, "--model-dir", model_dir, "--input", str(imgs), "--batch-size", "4",
+               "--threads", "1", "--topk", "3"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("# ")]
+    assert len(lines) == 3, proc.stderr
+    for line, name in zip(lines, sorted(bad)):
+        assert line.startswith(f"skipped {imgs / name}: cannot read image (cannot identify image file ") and \
+            line.endswith(")"), line
+    assert lines[2] == "error: 2 of 11 images skipped (cannot read image); the other 9 were predicted"
+    predicted = _top_classes(proc.stdout)
+    assert list(predicted) == [str(imgs / f"{i:02d}.jpg") for i in range(9)]
+
+    for name in bad:
+        (imgs / name).unlink()
+    clean = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert clean.returncode == 0 and "skipped" not in clean.stderr, clean.stderr
+    expected = _top_classes(clean.stdout)
+    assert list(expected) == list(predicted)
+    for path, top in expected.items():
+        assert sorted(predicted[path]) == sorted(top) == ["bear", "cat", "dog"]
+        assert all(abs(predicted[path][label] - p) <= 2e-4 for label, p in top.items()), (path, predicted[path], top)
+    assert len({tuple(sorted(top.items())) for top in expected.values()}) > 1  # the images are told apart
+
+    (tmp_path / "zzzbad.jpg").write_bytes(bad["zzzbad.jpg"])
+    single = subprocess.run(command[:5] + [str(tmp_path / "zzzbad.jpg")] + command[6:], capture_output=True,
+                            text=True, timeout=180)
+    assert single.returncode == 2 and single.stdout == ""
+    lines = [line for line in single.stderr.strip().splitlines() if not line.startswith("# ")]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path / 'zzzbad.jpg'}: cannot read image ("), lines
+
+
+def test_pipeline_batches_leave_unreadable_files_out_and_refill(tmp_path):
+    model_dir = _classifier_export(tmp_path)
+    paths = []
+    for i in range(6):
+        paths.append(str(tmp_path / f"{i}.jpg"))
+        natural_image(40 + 5 * i, 50, seed=i).save(paths[-1])
+    (tmp_path / "bad.jpg").write_bytes(b"")
+    paths.insert(1, str(tmp_path / "bad.jpg"))
+    pipeline = D.Pipeline.open(model_dir, "paddle-cpu", threads=1)
+    with pytest.raises(D.DeployError, match=r"bad\.jpg: cannot read image \("):
+        list(pipeline.batches(paths, 4))
+    seen = []
+    batches = list(pipeline.batches(paths, 4, on_unreadable=lambda path, err: seen.append((path, str(err)))))
+    assert [(p, e.split(":")[0]) for p, e in seen] == [(paths[1], paths[1])]
+    assert [b for b, _, _ in batches] == [[paths[0]] + paths[2:5], paths[5:]]
+    for batch, _, outputs in batches:
+        assert outputs[0].shape == (len(batch), 3)
+        for path, row in zip(batch, outputs[0]):
+            alone = pipeline.run([D.load_image(path)])[0][0]
+            np.testing.assert_allclose(row, alone, rtol=1e-4, atol=1e-5)

@@ -6,6 +6,7 @@ import json
 import os
 
 import numpy as np
+import paddle
 import pytest
 
 from ppdlx.data.coco import coco_from_dict
@@ -136,3 +137,50 @@ def test_precise_bn_sets_running_stats_to_the_average_batch_stats():
     np.testing.assert_allclose(model[1]._mean.numpy(), mean, rtol=1e-4, atol=1e-5)
     var = np.mean([f.var(axis=(0, 2, 3)) for f in feats], axis=0)
     np.testing.assert_allclose(model[1]._variance.numpy(), var, rtol=0.1)  # biased or unbiased estimate
+
+
+class _FarBoxHead(paddle.nn.Layer):
+    """A detector head as an under-trained one can be: every anchor scores class 0 (index) at sigmoid(3)
+    and decodes to a box exp(25) x its anchor, ~1e12 px across (64 px input, levels 3-7, 9 anchors)."""
+
+    def forward(self, images):
+        n = images.shape[0]
+        cls, box = [], []
+        for s in (8, 4, 2, 1, 1):
+            logits = np.full((n, 9, 3, s, s), -10.0, np.float32)
+            logits[:, :, 0] = 3.0
+            deltas = np.zeros((n, 9, 4, s, s), np.float32)
+            deltas[:, :, 2:] = 25.0
+            cls.append(paddle.to_tensor(logits.reshape(n, 27, s, s)))
+            box.append(paddle.to_tensor(deltas.reshape(n, 36, s, s)))
+        return cls, box
+
+
+@pytest.mark.parametrize("nms", ["soft", "hard"])
+def test_evaluator_clips_far_boxes_to_each_image(nms):
+    """The evaluator's detections (detections_val.json, pycocotools' input) lie on their image: the
+    post-processing clips to the 64 px input (x image_scale 10 = 640 x 640 original pixels, the padding
+    included) and the conversion to COCO to the image's own 640 x 480."""
+    from ppdlx.engine.coco_eval import CocoEvaluator
+    from ppdlx.models.detection.det_postprocess import EfficientDetPostProcess
+    coco_gt = coco_from_dict(_gt())
+    batch = (paddle.zeros([2, 3, 64, 64]), None, None, np.asarray([11, 13]), paddle.to_tensor([10.0, 10.0]))
+    evaluator = CocoEvaluator([batch], EfficientDetPostProcess(num_classes=3, image_size=64, pre_nms_top_k=50),
+                              coco_gt, cat_ids=[2, 5, 9], nms=nms)
+    detections, image_ids = evaluator.predict(_FarBoxHead())
+    assert image_ids == [11, 13] and detections
+    assert {(d["image_id"], d["category_id"]) for d in detections} == {(11, 2), (13, 2)}
+    for d in detections:
+        assert d["bbox"] == [0.0, 0.0, 640.0, 480.0], d
+    metrics = evaluator(_FarBoxHead())
+    assert metrics["detections"] == len(detections) and 0.0 <= metrics["AP"] <= 1.0
+
+
+def test_detections_to_coco_clips_to_the_given_image_sizes():
+    boxes = np.asarray([[[-5.0, -7.0, 700.0, 300.0], [600.0, 470.0, 650.0, 500.0]]], np.float32)
+    dets = detections_to_coco(np.asarray([11]), boxes, np.asarray([[0.9, 0.8]]), np.asarray([[0, 2]]),
+                              np.asarray([2]), cat_ids=[2, 5, 9], image_sizes={11: (640, 480)})
+    assert [d["bbox"] for d in dets] == [[0.0, 0.0, 640.0, 300.0], [600.0, 470.0, 40.0, 10.0]]
+    unclipped = detections_to_coco(np.asarray([11]), boxes, np.asarray([[0.9, 0.8]]), np.asarray([[0, 2]]),
+                                   np.asarray([2]), cat_ids=[2, 5, 9])
+    assert unclipped[0]["bbox"] == [-5.0, -7.0, 705.0, 307.0]

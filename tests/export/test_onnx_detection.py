@@ -61,7 +61,8 @@ def test_efficientdet_exports_to_onnx_and_runs_in_onnxruntime(shapes, tmp_path):
     assert meta["labels"] == ["circle", "square", "triangle"]  # COCO category names, in id order (1, 3, 7)
     assert [o["role"] for o in meta["onnx"]["outputs"]] == ["candidate_boxes", "candidate_scores", "candidate_classes"]
     assert meta["onnx"]["nms"] == {"type": "multiclass_nms3", "score_threshold": 0.001, "iou_threshold": 0.5,
-                                   "keep_top_k": 100, "nms_top_k": -1, "normalized": True, "box_coords": "input"}
+                                   "keep_top_k": 100, "nms_top_k": -1, "normalized": True, "box_coords": "input",
+                                   "clip_to_input_hw": [64, 64]}
     graph = onnx.load(str(tmp_path / "inference.onnx")).graph
     weights = {t.name for t in graph.initializer}
     convs = [n for n in graph.node if n.op_type == "Conv"]

@@ -162,3 +162,46 @@ def test_class_list_saved_with_the_checkpoint_names_predictions_unless_labels_ov
     assert report["class_names_from"] == str(tmp_path / "names.txt")
     assert [t["class"] for t in report["predictions"][0]["top"]] == [
         labels[t["class_index"]] for t in report["predictions"][0]["top"]]
+
+
+def test_unreadable_images_of_a_folder_are_skipped_and_the_others_predicted(lite0, tmp_path):
+    """One unreadable file no longer stops the run: it is one 'skipped' line on stderr, every other photo is
+    predicted under its own name (its top-1 is one of that photo's classes, batches refilled after the gap),
+    the CSV and report hold the predicted ones, and the run ends with a line counting the skipped files and
+    exit code 2. An unreadable image file given alone stays a one-line error."""
+    prefix, paths = lite0
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for path in paths.values():
+        shutil.copyfile(path, folder / os.path.basename(path))
+    names = sorted(os.listdir(folder))
+    bad = {names[1][:-4] + "_cut.png": b"", "zzzbad.jpg": b"this is not a JPEG\n"}  # inside the first batch; last
+    for name, data in bad.items():
+        (folder / name).write_bytes(data)
+    out = tmp_path / "predictions.csv"
+    proc = run_infer("-o", "model.name=efficientnet_lite0", f"model.weights={prefix}", "--image", folder,
+                     "--top-k", 1, "--batch-size", 4, "--output", out, "--report", tmp_path / "report.json")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if line.startswith(("skipped ", "error: "))]
+    assert len(lines) == 3 and proc.stderr.strip().splitlines()[-1] == lines[2], proc.stderr
+    for line, name in zip(lines, sorted(bad)):
+        assert line.startswith(f"skipped {folder / name}: cannot read image (cannot identify image file "), line
+    assert lines[2] == "error: 2 of 9 images skipped (cannot read image); the other 7 were predicted"
+    assert proc.stdout.splitlines()[-1] == f"7 images, top-1 of 1000 classes -> {out}"
+    with open(out, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))[1:]
+    assert [r[0] for r in rows] == [str(folder / n) for n in names]
+    by_png = {os.path.basename(p): photo for photo, p in paths.items()}
+    for row in rows:
+        assert int(row[2]) in expected_indices(by_png[os.path.basename(row[0])]), row
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["skipped"] == [str(folder / n) for n in sorted(bad)]
+    assert [p["image"] for p in report["predictions"]] == [r[0] for r in rows]
+
+    alone = run_infer("-o", "model.name=efficientnet_lite0", f"model.weights={prefix}", "--image",
+                      folder / "zzzbad.jpg")
+    assert alone.returncode == 2 and "Traceback" not in alone.stderr
+    lines = [line for line in alone.stderr.strip().splitlines() if line.startswith(("skipped ", "error: "))]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {folder / 'zzzbad.jpg'}: cannot read image ("), lines
+    assert alone.stderr.strip().splitlines()[-1] == lines[0] and alone.stdout.count("\n  ") == 0

@@ -9,6 +9,8 @@ onnxruntime for --backend onnxruntime).
 
 DIR is what tools/export_model.py wrote: inference.{json|pdmodel} + inference.pdiparams
 (+ inference.onnx) and inference.yml (pre-processing, I/O names, labels, TRT shape ranges).
+An unreadable image of an --input folder is skipped with one line on stderr and the others are
+predicted; the run then exits 2 with a last line counting the skipped images.
 
 Backends: paddle-cpu (oneDNN, fp32 / bf16 on CPUs with avx512_bf16 or amx_bf16 / int8 for
 quantised models), paddle-gpu (CUDA, fp32 / fp16), trt (fp32 / fp16 / int8, engine cache, dynamic
@@ -193,12 +195,23 @@ def main(argv=None) -> int:
             _write_report(args.report, args.model_dir, meta, predictor, rows)
         return 0
     pipeline = Pipeline(meta, predictor, prep)
-    for index, (batch, images, outputs) in enumerate(pipeline.batches(paths, args.batch_size)):
+    skipped: list = []
+
+    def skip(path: str, err: DeployError) -> None:
+        skipped.append(path)
+        print(f"skipped {err}", file=sys.stderr)
+
+    # a folder's unreadable file is skipped and the rest predicted; a single file given is the whole run
+    on_unreadable = skip if os.path.isdir(args.input) else None
+    for index, (batch, images, outputs) in enumerate(pipeline.batches(paths, args.batch_size, on_unreadable)):
         results = postprocess(meta, outputs, args.topk, args.score_threshold)
         if index == 0 and predictor.plan.get("tensorrt_engines"):
             print(f"# engine {predictor.plan['engine']}: {predictor.plan['tensorrt_engines']} TensorRT engine(s)",
                   file=sys.stderr)
         _print_results(meta["model"]["family"], batch, images, results, args.output_dir)
+    if skipped:
+        raise DeployError(f"{len(skipped)} of {len(paths)} images skipped (cannot read image); "
+                          f"the other {len(paths) - len(skipped)} were predicted")
     return 0
 
 

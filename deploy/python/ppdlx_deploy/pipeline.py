@@ -5,11 +5,12 @@ sees exactly what a user's service would (raw files in, the export's own pre-pro
 chosen backend)."""
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
 
+from .errors import DeployError
 from .meta import load_meta
 from .postprocess import complete_outputs, postprocess
 from .predictors import create_predictor
@@ -39,17 +40,34 @@ class Pipeline:
         """The network's outputs for a batch of RGB images."""
         return self.run_feeds(self.preprocessor.feeds(images))
 
-    def batches(self, paths: Sequence[str], batch_size: int = 1
+    def batches(self, paths: Sequence[str], batch_size: int = 1,
+                on_unreadable: Optional[Callable[[str, DeployError], None]] = None
                 ) -> Iterator[Tuple[List[str], List[Image.Image], List[np.ndarray]]]:
-        """``(paths, images, outputs)`` per batch of files, in the order given."""
-        for start in range(0, len(paths), batch_size):
-            batch = list(paths[start:start + batch_size])
-            images = [load_image(p) for p in batch]
+        """``(paths, images, outputs)`` per batch of files, in the order given. A file that cannot be read
+        raises :class:`DeployError`; with ``on_unreadable`` it is handed to it (``(path, error)``) and left
+        out instead, and the next readable files fill the batch, so each output row stays with its path."""
+        batch: List[str] = []
+        images: List[Image.Image] = []
+        for path in paths:
+            try:
+                image = load_image(path)
+            except DeployError as err:
+                if on_unreadable is None:
+                    raise
+                on_unreadable(path, err)
+                continue
+            batch.append(path)
+            images.append(image)
+            if len(batch) == batch_size:
+                yield batch, images, self.run(images)
+                batch, images = [], []
+        if batch:
             yield batch, images, self.run(images)
 
     def predict(self, paths: Sequence[str], batch_size: int = 1, topk: int = 5,
-                score_threshold: Optional[float] = None) -> Iterator[Tuple[str, list]]:
+                score_threshold: Optional[float] = None,
+                on_unreadable: Optional[Callable[[str, DeployError], None]] = None) -> Iterator[Tuple[str, list]]:
         """``(path, result)`` per file, the result as :func:`ppdlx_deploy.postprocess.postprocess`
-        gives it (class names from ``inference.yml`` labels)."""
-        for batch, _, outputs in self.batches(paths, batch_size):
+        gives it (class names from ``inference.yml`` labels); ``on_unreadable`` as in :meth:`batches`."""
+        for batch, _, outputs in self.batches(paths, batch_size, on_unreadable):
             yield from zip(batch, postprocess(self.meta, outputs, topk, score_threshold))

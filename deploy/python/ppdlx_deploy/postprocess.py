@@ -93,8 +93,9 @@ def multiclass_nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, s
 def complete_outputs(meta: dict, backend: str, outputs: List[np.ndarray],
                      feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
     """The outputs of ``meta["outputs"]`` for every backend: a detection ONNX graph's candidates
-    (input pixels) go through :func:`multiclass_nms` and are scaled to original pixels by the
-    ``image_scale`` feed, as the Paddle program does inside the graph."""
+    (input pixels) go through :func:`multiclass_nms`, are clipped to the input (``clip_to_input_hw``,
+    written by exports whose program clips) and scaled to original pixels by the ``image_scale``
+    feed, as the Paddle program does inside the graph."""
     roles = graph_roles(meta, backend)
     if tuple(roles) != CANDIDATE_ROLES:
         return outputs
@@ -104,7 +105,11 @@ def complete_outputs(meta: dict, backend: str, outputs: List[np.ndarray],
     scales = np.asarray(feeds[scale_name], np.float32).reshape(-1)
     results = [multiclass_nms(b, s, c, nms["score_threshold"], nms["iou_threshold"], nms["keep_top_k"])
                for b, s, c in zip(out["candidate_boxes"], out["candidate_scores"], out["candidate_classes"])]
-    boxes = np.stack([r[0] for r in results]) * scales.reshape(-1, 1, 1)
+    boxes = np.stack([r[0] for r in results])
+    if nms.get("clip_to_input_hw"):
+        h, w = (float(v) for v in nms["clip_to_input_hw"])
+        boxes = np.clip(boxes, np.float32(0), np.asarray([w, h, w, h], np.float32))
+    boxes = boxes * scales.reshape(-1, 1, 1)
     return [boxes.astype(np.float32), np.stack([r[1] for r in results]), np.stack([r[2] for r in results]),
             np.asarray([r[3] for r in results], np.int32)]
 

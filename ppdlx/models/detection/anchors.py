@@ -16,7 +16,7 @@ import paddle
 DEFAULT_ASPECT_RATIOS = ((1.0, 1.0), (1.4, 0.7), (0.7, 1.4))  # (x, y) multipliers of the base size
 
 
-def _hw(image_size) -> Tuple[int, int]:
+def image_hw(image_size) -> Tuple[int, int]:
     if isinstance(image_size, int):
         return image_size, image_size
     h, w = image_size
@@ -25,7 +25,7 @@ def _hw(image_size) -> Tuple[int, int]:
 
 def feature_sizes(image_size, max_level: int = 7):
     """``[(h, w)]`` for levels 0..max_level, each level ``(s - 1) // 2 + 1`` of the previous."""
-    h, w = _hw(image_size)
+    h, w = image_hw(image_size)
     sizes = [(h, w)]
     for _ in range(max_level):
         h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
@@ -40,7 +40,7 @@ def num_anchors_per_location(num_scales: int = 3, aspect_ratios: Sequence = DEFA
 def generate_anchors(image_size=512, min_level: int = 3, max_level: int = 7, num_scales: int = 3,
                      aspect_ratios: Sequence = DEFAULT_ASPECT_RATIOS, anchor_scale: float = 4.0) -> np.ndarray:
     """All anchors as a float32 array ``[num_anchors, 4]`` (ymin, xmin, ymax, xmax)."""
-    return _generate(_hw(image_size), min_level, max_level, num_scales,
+    return _generate(image_hw(image_size), min_level, max_level, num_scales,
                      tuple(tuple(float(v) for v in a) for a in aspect_ratios), float(anchor_scale)).copy()
 
 

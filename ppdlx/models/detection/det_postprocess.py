@@ -1,4 +1,4 @@
-"""EfficientDet post-processing: top-k -> decode -> sigmoid -> per-class NMS -> rescale.
+"""EfficientDet post-processing: top-k -> decode -> sigmoid -> per-class NMS -> clip to the input -> rescale.
 
 ``EfficientDetPostProcess(num_classes, image_size)`` is an ``nn.Layer`` built from paddle
 ops only (hard NMS), so an export wrapper can call it after the model inside
@@ -7,6 +7,14 @@ ops only (hard NMS), so an export wrapper can call it after the model inside
 Outputs (both paths): ``boxes [N, D, 4]`` as ``[x1, y1, x2, y2]`` in original-image pixels,
 ``scores [N, D]`` (sigmoid, sorted descending), ``classes [N, D]`` int64 0-based (-1 = padding,
 padded scores and boxes are 0), ``count [N]`` int32 valid detections; ``D = max_detections``.
+
+The kept boxes are clipped to the network input (``[0, h] x [0, w]`` input pixels) after NMS, before the
+rescale, as the TF reference does (effdet clips before its NMS, to the image itself; the exported graph is
+given only the input size): an under-trained head decodes boxes far outside the image, which no COCO
+score, drawing or consumer of an export can use. After NMS, because boxes clipped before it coincide at
+the input's edges, where which one NMS keeps depends on how each runtime orders equal scores; a detection
+ONNX graph stops before NMS, and the deploy package clips after its own NMS
+(``inference.yml`` ``onnx.nms.clip_to_input_hw``).
 """
 from __future__ import annotations
 
@@ -15,7 +23,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
-from ppdlx.models.detection.anchors import DEFAULT_ASPECT_RATIOS, flatten_head_outputs, generate_anchors
+from ppdlx.models.detection.anchors import DEFAULT_ASPECT_RATIOS, flatten_head_outputs, generate_anchors, image_hw
 from ppdlx.models.detection.box_coder import decode_boxes
 from ppdlx.models.detection.nms import multiclass_hard_nms, multiclass_soft_nms_np
 
@@ -41,6 +49,9 @@ class EfficientDetPostProcess(nn.Layer):
         anchors = generate_anchors(image_size, min_level, max_level, num_scales, aspect_ratios, anchor_scale)
         self.num_anchors = anchors.shape[0]
         self.register_buffer("anchors", paddle.to_tensor(anchors), persistable=False)
+        self.input_hw = image_hw(image_size)
+        self.register_buffer("input_limits", paddle.to_tensor(list(self.input_hw) * 2, dtype="float32"),
+                             persistable=False)
 
     @classmethod
     def from_model(cls, model, **kwargs):
@@ -62,8 +73,8 @@ class EfficientDetPostProcess(nn.Layer):
         anchors = paddle.gather(self.anchors, anchor_idx.reshape([-1])).reshape([-1, k, 4])
         return decode_boxes(deltas, anchors), F.sigmoid(top_logits), classes
 
-    @staticmethod
-    def _to_original(boxes_yxyx, image_scales):
+    def _to_original(self, boxes_yxyx, image_scales):
+        boxes_yxyx = paddle.minimum(boxes_yxyx.clip(min=0.0), self.input_limits)
         boxes = paddle.stack([boxes_yxyx[..., 1], boxes_yxyx[..., 0], boxes_yxyx[..., 3], boxes_yxyx[..., 2]], -1)
         if image_scales is not None:
             boxes = boxes * image_scales.astype(boxes.dtype).reshape([-1, 1, 1])
@@ -83,7 +94,7 @@ class EfficientDetPostProcess(nn.Layer):
         boxes, scores, classes = (t.numpy() for t in self.select_and_decode(cls_outputs, box_outputs))
         res = [multiclass_soft_nms_np(b, s, c, self.max_detections, sigma, score_threshold)
                for b, s, c in zip(boxes, scores, classes)]
-        out_boxes = np.stack([r[0] for r in res])[..., [1, 0, 3, 2]]
+        out_boxes = np.clip(np.stack([r[0] for r in res]), 0, self.input_hw * 2)[..., [1, 0, 3, 2]]
         if image_scales is not None:
             scales = image_scales.numpy() if isinstance(image_scales, paddle.Tensor) else np.asarray(image_scales)
             out_boxes = out_boxes * scales.reshape(-1, 1, 1).astype(np.float32)

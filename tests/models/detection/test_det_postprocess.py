@@ -30,14 +30,14 @@ def test_hard_nms_postprocess_on_hand_built_logits():
     sig = lambda x: 1 / (1 + np.exp(-x))
     np.testing.assert_allclose(scores.numpy()[0, :2], [sig(3.0), sig(1.0)], rtol=1e-5)
     assert classes.numpy()[0, :3].tolist() == [1, 2, -1]
-    # [x1, y1, x2, y2] in original pixels = input pixels x 2
-    np.testing.assert_allclose(boxes.numpy()[0, :2], [[-24, -24, 40, 40], [-8, -24, 56, 40]], atol=1e-4)
+    # [x1, y1, x2, y2] in original pixels = input pixels (after NMS clipped to the 64 px input) x 2
+    np.testing.assert_allclose(boxes.numpy()[0, :2], [[0, 0, 40, 40], [0, 0, 56, 40]], atol=1e-4)
 
     # shifting anchor 9's box by +8 px in x (tx = 0.25 * 32) lowers the IoU to 0.33: both class-1 boxes stay
     box[0][:, 0, 1, 0, 1] = 0.25
     boxes, scores, classes, count = pp(tt(cls), tt(box))
     assert count.numpy().tolist() == [3] and classes.numpy()[0, :3].tolist() == [1, 1, 2]
-    np.testing.assert_allclose(boxes.numpy()[0, 1], [4, -12, 36, 20], atol=1e-4)
+    np.testing.assert_allclose(boxes.numpy()[0, 1], [4, 0, 36, 20], atol=1e-4)
 
 
 def test_soft_nms_postprocess_and_top_k():
@@ -50,7 +50,7 @@ def test_soft_nms_postprocess_and_top_k():
     sig = lambda x: 1 / (1 + np.exp(-x))
     iou = (33 * 25) / (2 * 33 * 33 - 33 * 25)  # +1 pixel areas, anchors 0 and 9
     np.testing.assert_allclose(scores[0, :3], [sig(3.0), sig(1.0), sig(2.0) * np.exp(-iou ** 2 / 0.5)], rtol=1e-5)
-    np.testing.assert_allclose(boxes[1, 0], np.array([-12, -12, 20, 20]) * 0.5, atol=1e-4)
+    np.testing.assert_allclose(boxes[1, 0], np.array([0, 0, 20, 20]) * 0.5, atol=1e-4)
 
 
 def test_postprocess_exports_with_dynamic_batch(tmp_path):
@@ -79,3 +79,24 @@ def test_postprocess_exports_with_dynamic_batch(tmp_path):
     got1 = loaded(*[t[:1] for t in c + b], scales[:1])
     assert got1[0].shape == [1, 100, 4] and got1[3].numpy().tolist() == [2]
     assert len(generate_anchors(64)) == pp.num_anchors == 774
+
+
+def test_boxes_far_outside_the_input_are_clipped_to_it_after_nms():
+    """An under-trained head's box deltas (exp(25) x the anchor: ~1e12 px) decode to boxes that NMS sees as
+    they are (the candidates an ONNX graph outputs), and that come out of the hard-NMS program and the
+    soft-NMS evaluation clipped to the 64 px input (x image_scale in original pixels), not at +-1e12."""
+    cls, box, tt = _hand_built_outputs(batch=2)
+    box[0][:, 0, 2:, 0, 0] = 25.0   # anchor 0: th, tw -> a box ~2e12 px across around (4, 4)
+    box[0][:, 0, 0, 0, 1] = 1e6     # anchor 9: ty -> its centre 3e7 px below the input
+    pp = EfficientDetPostProcess(num_classes=3, image_size=64)
+    candidates = pp.select_and_decode(tt(cls), tt(box))[0].numpy()
+    assert candidates.min() < -1e12 and candidates.max() > 3e7  # NMS's input is unchanged
+    # anchor 9 no longer overlaps anchor 0 (IoU ~0): both class-1 boxes stay, by score
+    boxes, scores, classes, count = (t.numpy() for t in pp(tt(cls), tt(box), paddle.to_tensor([2.0, 0.5])))
+    assert count.tolist() == [3, 3] and classes[:, :3].tolist() == [[1, 1, 2]] * 2
+    np.testing.assert_array_equal(boxes[0, :3], [[0, 0, 128, 128], [0, 128, 56, 128], [0, 128, 56, 128]])
+    np.testing.assert_array_equal(boxes[1, :2], [[0, 0, 32, 32], [0, 32, 14, 32]])
+    assert np.all(boxes[:, 3:] == 0)  # padding stays zero
+    soft_boxes, _, soft_classes, soft_count = pp.soft_nms(tt(cls), tt(box), image_scales=[2.0, 0.5])
+    assert soft_count.tolist() == [3, 3] and soft_classes[:, :3].tolist() == [[1, 1, 2]] * 2
+    np.testing.assert_array_equal(soft_boxes[:, :3], boxes[:, :3])
