@@ -29,7 +29,7 @@ def add_arguments(parser):
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps per case")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved measuring rounds")
     parser.add_argument("--cases", default="ppdlx,bare",
-                        help=f"comma list of ppdlx, bare, torch and extra cases ({', '.join(EXTRA_CASES)})")
+                        help=f"comma list of ppdlx, ppdlx-fp32 (AMP off), bare, torch and extra cases ({', '.join(EXTRA_CASES)})")
     parser.add_argument("--compare-torch", action="store_true", help="add the PyTorch cases (needs torch)")
     parser.add_argument("--torch-bf16-scale", type=float, default=0.25,
                         help="steps of the PyTorch bf16 case relative to the others (it is ~15x slower on CPUs "
@@ -114,13 +114,15 @@ def _time(runner, steps, settle=0.0):
     return (own if isinstance(own, float) else end - start), start, end
 
 
-def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare"), extra_runners=None, layout=None, order_out=None):
+def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare"), extra_runners=None, layout=None, order_out=None,
+            plans_out=None):
     """img/s of each case over ``steps`` measured steps split into ``rounds`` interleaved rounds.
     ``extra_runners``: name -> runner with ``run(steps)`` and an optional ``steps_scale`` (slow
     cases run fewer steps per round); ``layout``: a list the ppdlx case's data layout is appended to
     (its run plan may pick another than the config's on CPU; the bare loop uses the config's);
     ``order_out``: a list every timed run is appended to (round, case, start and end on the
-    ``time.perf_counter`` clock). Each timed run starts after :func:`settle_seconds`."""
+    ``time.perf_counter`` clock); ``plans_out``: a list each ppdlx case's run plan line is appended
+    to. Each timed run starts after :func:`settle_seconds`."""
     batch = cfg.data.batch_size
     bare_cfg = cfg
     runners = {}
@@ -128,6 +130,12 @@ def measure(cfg, steps, warmup, rounds, cases=("ppdlx", "bare"), extra_runners=N
         runners["ppdlx"] = _Trainer(cfg)
         if layout is not None:
             layout.append(runners["ppdlx"].trainer.plan.data_format)
+    if "ppdlx-fp32" in cases:  # the same trainer with AMP off: what bf16 buys where the plan uses it
+        runners["ppdlx-fp32"] = _Trainer(cfg.replace({
+            "amp.enabled": False, "global.output_dir": cfg.global_.output_dir.rstrip("/") + "_fp32"}))
+    if plans_out is not None:
+        plans_out.extend(f"{name}: {runners[name].trainer.plan.line()}" for name in ("ppdlx", "ppdlx-fp32")
+                         if name in runners)
     if "bare" in cases:
         from ppdlx.data.loader import SyntheticLoader
         loader = SyntheticLoader(batch, batch, bare_cfg.model.num_classes, bare_cfg.data.transforms.crop_size,
@@ -175,15 +183,15 @@ def _per_round_ratios(mine, other) -> dict:
             "ratios_per_round": sorted(stats["per_round"])}
 
 
-def ratio_to_best(rows, prefix="torch"):
+def ratio_to_best(rows, prefix="torch", mine="ppdlx"):
     """ppdlx against the fastest ``prefix*`` case of each round (PyTorch's best mode is whichever of
     its modes won that round): the median, range and per-round values, or None without such cases."""
     by_name = {row["case"]: row for row in rows}
     others = [row["images_per_s_per_round"] for row in rows if row["case"].startswith(prefix)]
-    if "ppdlx" not in by_name or not others:
+    if mine not in by_name or not others:
         return None
     best = [max(per_round) for per_round in zip(*others)]
-    return {**_per_round_ratios(by_name["ppdlx"]["images_per_s_per_round"], best),
+    return {**_per_round_ratios(by_name[mine]["images_per_s_per_round"], best),
             "best_images_per_s_per_round": best}
 
 
@@ -200,10 +208,11 @@ def run(args):
     extra_runners, worker = {}, None
     if "torch" in cases:
         worker = _torch_runners(cfg, args, extra_runners)
-    layout, order = [], []
+    layout, order, amp_plans = [], [], []
     try:
-        rows = measure(cfg, args.steps, args.warmup, args.rounds, [c for c in cases if c in ("ppdlx", "bare")],
-                       extra_runners, layout, order)
+        rows = measure(cfg, args.steps, args.warmup, args.rounds,
+                       [c for c in cases if c in ("ppdlx", "ppdlx-fp32", "bare")],
+                       extra_runners, layout, order, amp_plans)
     finally:
         if worker is not None:
             worker.close()
@@ -213,6 +222,7 @@ def run(args):
              f"{cfg.data.batch_size} at {cfg.data.transforms.crop_size} px; {args.steps} steps in {args.rounds} "
              f"interleaved rounds; {configure_cpu_threads(cfg.global_.cpu_threads)} CPU threads; "
              f"MKL_DEBUG_CPU_TYPE={os.environ.get('MKL_DEBUG_CPU_TYPE')}"]
+    notes += amp_plans
     settle = settle_seconds()
     notes.append(f"each timed run starts {settle:.2f} s after the previous one ends (OpenMP threads of the previous "
                  f"case spin for KMP_BLOCKTIME)" if settle is not None else
@@ -228,12 +238,17 @@ def run(args):
     best = ratio_to_best(rows)
     if best is not None:
         notes.append(ratio_note("PyTorch best (fastest PyTorch mode of each round)", best))
+    best_fp32 = ratio_to_best(rows, mine="ppdlx-fp32")
+    if best_fp32 is not None:
+        notes.append(ratio_note("PyTorch best", best_fp32).replace("ppdlx /", "ppdlx-fp32 /", 1))
     for case in cases:
-        if case in ("ppdlx", "bare", "torch"):
+        if case in ("ppdlx", "ppdlx-fp32", "bare", "torch"):
             continue
         if case not in EXTRA_CASES:
-            raise SystemExit(f"error: unknown benchmark case '{case}' (known: ppdlx, bare, torch, {', '.join(EXTRA_CASES)})")
+            raise SystemExit(f"error: unknown benchmark case '{case}' (known: ppdlx, ppdlx-fp32, bare, torch, "
+                             f"{', '.join(EXTRA_CASES)})")
         module_name, fn_name = EXTRA_CASES[case].split(":")
         fn = getattr(importlib.import_module(module_name), fn_name)
         rows.extend(fn(cfg, args.steps, args.warmup))
-    return {"rows": rows, "notes": notes, "ppdlx_vs_torch_best": best, "order": order}
+    return {"rows": rows, "notes": notes, "ppdlx_vs_torch_best": best, "ppdlx_fp32_vs_torch_best": best_fp32,
+            "order": order}

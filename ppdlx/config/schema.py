@@ -266,6 +266,10 @@ class AmpConfig(Section):
     enabled: bool = False
     dtype: Literal["float16", "bfloat16"] = "float16"
     level: Literal["O1", "O2"] = "O1"
+    # bfloat16 on CPU (ppdlx/engine/cpu_bf16.py): auto = the oneDNN convolutions train in bf16 where
+    # the CPU has bf16 hardware and they measured faster than float32 there; true = wherever the
+    # CPU has bf16 hardware (else an error); false = float32
+    cpu_bf16: Union[bool, Literal["auto"]] = "auto"
     init_loss_scaling: float = Field(128.0, gt=0.0)
     use_dynamic_loss_scaling: bool = True
     incr_every_n_steps: int = Field(2000, ge=1)

@@ -2,7 +2,8 @@
 
 Paddle 3.3.1's CPU build has no bf16 conv/matmul/batch_norm kernels and its
 ``auto_cast`` needs a CUDAPlace, so bf16 autocast on CPU changes nothing. We probe
-that once and say so in one line instead of pretending.
+that once; on CPU, bf16 then runs where ppdlx's oneDNN convolutions make it real and faster
+(``ppdlx.engine.cpu_bf16``), and elsewhere one line says why training runs in float32.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ class AmpPlan:
     level: str
     use_scaler: bool
     note: str = ""
+    # CPU: Paddle's autocast is off (enabled False) and the oneDNN convolutions compute in bf16
+    cpu_bf16_convs: bool = False
 
 
 def bf16_autocast_works_on_cpu() -> bool:
@@ -41,7 +44,7 @@ def bf16_autocast_works_on_cpu() -> bool:
     return y.dtype == paddle.bfloat16
 
 
-def plan_amp(amp_cfg, device: str) -> AmpPlan:
+def plan_amp(amp_cfg, device: str, fast_cpu_kernels: bool = False, cpu_threads: int = 1) -> AmpPlan:
     if not amp_cfg.enabled:
         return AmpPlan(False, "float32", "O0", False)
     on_gpu = device.startswith("gpu")
@@ -55,9 +58,15 @@ def plan_amp(amp_cfg, device: str) -> AmpPlan:
         return AmpPlan(True, "bfloat16", amp_cfg.level, False)
     if bf16_autocast_works_on_cpu():
         return AmpPlan(True, "bfloat16", amp_cfg.level, False)
-    note = ("amp: bfloat16 requested, but Paddle %s's CPU build has no bf16 conv/matmul/batch_norm kernels "
-            "(autocast is a no-op): training runs in float32; bf16 inference via oneDNN is in deploy/"
-            % paddle.__version__)
+    from ppdlx.engine.cpu_bf16 import plan_cpu_bf16
+    on, why = plan_cpu_bf16(amp_cfg.cpu_bf16, cpu_threads, fast_cpu_kernels)
+    if on:
+        return AmpPlan(False, "bfloat16", amp_cfg.level, False, cpu_bf16_convs=True, note=(
+            f"amp: bfloat16 on CPU: convolutions train in bf16 through ppdlx's oneDNN op ({why}); float32 master "
+            f"weights, batch norm, loss and optimizer, no loss scaling, evaluation in float32"))
+    note = (f"amp: bfloat16 requested, but Paddle {paddle.__version__}'s CPU build has no bf16 training kernels "
+            f"and ppdlx's bf16 convolutions are not used ({why}): training runs in float32; bf16 inference via "
+            f"oneDNN is in deploy/")
     return AmpPlan(False, "float32", "O0", False, note)
 
 

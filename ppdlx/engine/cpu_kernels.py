@@ -106,12 +106,14 @@ def plan_fast_cpu_kernels(setting, device: str, graph: str, distill_enabled: boo
     return True
 
 
-def use_fast_cpu_kernels(model) -> dict:
+def use_fast_cpu_kernels(model, bf16: bool = False) -> dict:
     """Stride-1 1x1 convs of an NHWC ``model`` as matmuls, every other ``paddle.nn.Conv2D`` through
-    the oneDNN op; returns the counts."""
+    the oneDNN op; with ``bf16`` every convolution through the oneDNN op, training in bf16
+    (``ppdlx.engine.cpu_bf16``). Returns the counts."""
     # Strided 1x1s go to oneDNN: as matmuls they need a strided slice whose gradient cost 60 ms/step.
-    matmuls = conv1x1_as_matmul(model, strided=False)
-    switched, kept = onednn.use_onednn_convs(model, skip=lambda layer: _is_matmul_1x1(layer, strided=False))
+    matmuls = 0 if bf16 else conv1x1_as_matmul(model, strided=False)
+    switched, kept = onednn.use_onednn_convs(
+        model, skip=lambda layer: not bf16 and _is_matmul_1x1(layer, strided=False), bf16=bf16)
     norms = 0
     for layer in model.sublayers(include_self=True):
         if type(layer) is BatchNormAct2D and type(layer.act) in (paddle.nn.ReLU, paddle.nn.Identity):
@@ -119,10 +121,12 @@ def use_fast_cpu_kernels(model) -> dict:
             norms += 1
     pools = onednn.use_onednn_max_pools(model)
     kept_memory = keep_freed_memory()
-    log.info("global.cpu_fast_kernels: %d convs, %d batch norms and %d max pools through oneDNN (NHWC), %d 1x1 "
-             "convs as matmuls, %d convs on Paddle's kernel%s", switched, norms, pools, matmuls, kept,
+    log.info("global.cpu_fast_kernels: %d convs%s, %d batch norms and %d max pools through oneDNN (NHWC), %d 1x1 "
+             "convs as matmuls, %d convs on Paddle's kernel%s", switched, " (bf16 while training)" if bf16 else "",
+             norms, pools, matmuls, kept,
              "" if kept_memory else "; freed memory goes back to the system (not glibc)")
-    return {"matmul": matmuls, "onednn": switched, "paddle": kept, "batch_norm": norms, "max_pool": pools}
+    return {"matmul": matmuls, "onednn": switched, "paddle": kept, "batch_norm": norms, "max_pool": pools,
+            "bf16": bf16}
 
 
 def _batch_norm_act_forward(self, x):

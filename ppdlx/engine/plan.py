@@ -60,6 +60,8 @@ class RunPlan:
 
     def line(self) -> str:
         amp = f"{self.amp.dtype} {self.amp.level}" if self.amp.enabled else "off (float32)"
+        if self.amp.cpu_bf16_convs:
+            amp = "bfloat16 convolutions (oneDNN, float32 master weights)"
         return (f"plan: device {self.device} ({self.cpu_threads} CPU threads), {self.world_size} rank(s); "
                 f"graph {self.graph} ({self.ir}); {self.data_format}, fast CPU kernels "
                 f"{'on' if self.fast_cpu_kernels else 'off'}; amp {amp}")

@@ -41,11 +41,11 @@ log = logging.getLogger("ppdlx")
 ANALYSIS_MAX_SCORES = 1 << 22  # val images x classes of logits kept for the end-of-training analysis
 
 
-def plan_training_amp(cfg, device: str):
+def plan_training_amp(cfg, device: str, fast_cpu_kernels: bool = False, cpu_threads: int = 1):
     """What AMP does for this training config on ``device`` (static graph: a probe step on CPU)."""
     task = task_of(cfg)
     if cfg.train.graph != "static":
-        return plan_amp(cfg.amp, device)
+        return plan_amp(cfg.amp, device, fast_cpu_kernels, cpu_threads)
     from ppdlx.engine.static.probe import plan_static_amp
     return plan_static_amp(cfg.amp, device, task.program_spec(cfg, cfg.model.num_classes),
                            cfg.data.transforms.crop_size, cfg.model.num_classes, cfg.optimizer.name)
@@ -85,7 +85,7 @@ def _assemble_training(cfg, hooks, amp, task, env, resume_path) -> Trainer:
     # probe, seed, loaders, model): the names and initial weights of a dynamic run in a fresh process.
     names = paddle.utils.unique_name.guard() if graph == "static" else contextlib.nullcontext()
     with names:
-        amp = amp or plan_training_amp(resolved, env.device)
+        amp = amp or plan_training_amp(resolved, env.device, fast_kernels, env.cpu_threads)
         plan = RunPlan(env.rank, env.world_size, env.device, env.cpu_threads, graph,
                        "dygraph" if graph == "dynamic" else _static_ir(), data_format, fast_kernels, amp, preprocess)
         run_cfg = plan.configure(resolved)
@@ -96,7 +96,7 @@ def _assemble_training(cfg, hooks, amp, task, env, resume_path) -> Trainer:
         data = task.build_data(run_cfg, env.rank, env.world_size)
         model = task.build_model(run_cfg, data.num_classes)
         if fast_kernels:
-            use_fast_cpu_kernels(model)
+            use_fast_cpu_kernels(model, bf16=amp.cpu_bf16_convs)
         task.prepare_model(run_cfg, model)
         # A checkpoint found by train.resume wins; without one (resume=auto in a fresh directory) the run starts
         # from model.weights rather than from random weights.

@@ -51,7 +51,7 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _build_dir() -> Path:
+def build_dir() -> Path:
     digest = hashlib.sha1(SOURCE.read_bytes() + paddle.__version__.encode()).hexdigest()[:12]
     base = Path(os.environ.get("PPDLX_OPS_CACHE", Path.home() / ".cache" / "ppdlx" / "ops"))
     return base / f"onednn_kernels_{digest}"
@@ -66,7 +66,7 @@ def load():
     reason = unavailable_reason()
     if reason:
         raise OneDNNUnavailable(reason)
-    build = _build_dir()
+    build = build_dir()
     build.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():  # cpp_extension warns about ccache on import
         warnings.simplefilter("ignore")
@@ -130,28 +130,31 @@ def same_paddings(size_hw, kernel_hw, stride_hw, dilation_hw) -> list[int]:
     return pads
 
 
-def conv2d(x, weight, stride, paddings, dilation, groups, channels_last):
+def conv2d(x, weight, stride, paddings, dilation, groups, channels_last, bf16: bool = False):
     """``paddle.nn.functional.conv2d`` (no bias) through oneDNN; ``paddings`` as
-    ``[top, bottom, left, right]`` or "SAME"."""
+    ``[top, bottom, left, right]`` or "SAME". ``bf16``: computed in bfloat16 from float32 tensors,
+    float32 results (forward and gradients); for CPUs with bf16 hardware."""
     op = load().conv2d
     stride, dilation = _pair(stride), _pair(dilation)
     if isinstance(paddings, str):
         size = x.shape[1:3] if channels_last else x.shape[2:4]
         paddings = same_paddings(size, weight.shape[2:4], stride, dilation)
-    return op(x, weight, stride, list(paddings), dilation, groups, channels_last, not x.stop_gradient)[0]
+    return op(x, weight, stride, list(paddings), dilation, groups, channels_last, not x.stop_gradient, bf16)[0]
 
 
 def _onednn_forward(self, x):
+    # bf16 trains only: evaluation computes exactly what the float32 export will
     y = conv2d(x, self.weight, self._stride, self._onednn_paddings, self._dilation, self._groups,
-               self._data_format == "NHWC")
+               self._data_format == "NHWC", self._onednn_bf16 and self.training)
     if self.bias is None:
         return y
     return y + (self.bias if self._data_format == "NHWC" else self.bias.reshape([1, -1, 1, 1]))
 
 
-def use_onednn_convs(model, skip=lambda layer: False) -> tuple[int, int]:
+def use_onednn_convs(model, skip=lambda layer: False, bf16: bool = False) -> tuple[int, int]:
     """Runs the ``paddle.nn.Conv2D`` layers of ``model`` (except ``skip(layer)``) through the oneDNN
-    op; returns (switched, kept): subclasses and non-zero padding modes keep Paddle's kernel."""
+    op, in bfloat16 while training if ``bf16``; returns (switched, kept): subclasses and non-zero
+    padding modes keep Paddle's kernel."""
     load()
     switched = kept = 0
     for layer in model.sublayers(include_self=True):
@@ -161,6 +164,7 @@ def use_onednn_convs(model, skip=lambda layer: False) -> tuple[int, int]:
             kept += 1
             continue
         layer._onednn_paddings = explicit_paddings(layer)
+        layer._onednn_bf16 = bf16
         layer.forward = types.MethodType(_onednn_forward, layer)
         switched += 1
     return switched, kept

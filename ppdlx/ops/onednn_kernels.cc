@@ -5,6 +5,9 @@
 // ships in Paddle's wheel (paddle/libs/libdnnl.so.3) has batched direct kernels for both layouts,
 // but dygraph never dispatches to them. Tensors keep Paddle's plain layouts (NCHW or NHWC data,
 // [O, I/groups, kh, kw] filters), so the op is a drop-in for paddle.nn.functional.conv2d.
+// With `bf16` the convolution computes in bfloat16 (inputs, filters and incoming gradients rounded
+// to bf16 inside the op; outputs and gradients float32, so float32 master weights and every other
+// op are untouched): what PyTorch's CPU autocast does, for CPUs with bf16 hardware.
 #include <dnnl.hpp>
 
 #include <map>
@@ -55,12 +58,13 @@ const Primitives& cached(const std::string& key, Make make) {
 struct ConvGeometry {
   memory::dims src, weights, dst, strides, dilations, pad_l, pad_r;
   tag data_tag, weights_tag;
+  bool bf16 = false;
 };
 
 // Builds the geometry from Paddle shapes. paddings = {top, bottom, left, right}.
 ConvGeometry geometry(const std::vector<int64_t>& x_shape, const std::vector<int64_t>& w_shape,
                       const std::vector<int>& strides, const std::vector<int>& paddings,
-                      const std::vector<int>& dilations, int groups, bool channels_last) {
+                      const std::vector<int>& dilations, int groups, bool channels_last, bool bf16 = false) {
   PD_CHECK(x_shape.size() == 4 && w_shape.size() == 4, "ppdlx onednn conv2d: 4-D input and filter expected");
   PD_CHECK(strides.size() == 2 && paddings.size() == 4 && dilations.size() == 2,
            "ppdlx onednn conv2d: strides/dilations need 2 values and paddings 4");
@@ -88,6 +92,7 @@ ConvGeometry geometry(const std::vector<int64_t>& x_shape, const std::vector<int
   g.pad_l = {paddings[0], paddings[2]};
   g.pad_r = {paddings[1], paddings[3]};
   g.data_tag = channels_last ? tag::nhwc : tag::nchw;
+  g.bf16 = bf16;
   return g;
 }
 
@@ -109,20 +114,23 @@ const ConvPrimitives& primitives(const ConvGeometry& g) {
     for (auto d : *dims) key << d << ',';
     key << ';';
   }
-  key << static_cast<int>(g.data_tag);
+  key << static_cast<int>(g.data_tag) << ';' << g.bf16;
   return cached<ConvPrimitives>(key.str(), [&] {
     auto& engine = cpu_engine();
-    memory::desc src(g.src, memory::data_type::f32, g.data_tag);
-    memory::desc dst(g.dst, memory::data_type::f32, g.data_tag);
-    memory::desc weights(g.weights, memory::data_type::f32, tag::any);
+    const auto f32 = memory::data_type::f32;
+    const auto compute = g.bf16 ? memory::data_type::bf16 : f32;
+    // bf16: inputs, filters and incoming gradients in bf16; everything the op returns in f32.
+    memory::desc src(g.src, compute, g.data_tag), src_f32(g.src, f32, g.data_tag);
+    memory::desc dst(g.dst, compute, g.data_tag), dst_f32(g.dst, f32, g.data_tag);
+    memory::desc weights(g.weights, compute, tag::any), weights_f32(g.weights, f32, tag::any);
     const auto algo = dnnl::algorithm::convolution_direct;
     auto forward = dnnl::convolution_forward::primitive_desc(
-        engine, dnnl::prop_kind::forward_training, algo, src, weights, dst, g.strides, g.dilations, g.pad_l,
+        engine, dnnl::prop_kind::forward_training, algo, src, weights, dst_f32, g.strides, g.dilations, g.pad_l,
         g.pad_r);
     auto backward_data = dnnl::convolution_backward_data::primitive_desc(
-        engine, algo, src, weights, dst, g.strides, g.dilations, g.pad_l, g.pad_r, forward);
+        engine, algo, src_f32, weights, dst, g.strides, g.dilations, g.pad_l, g.pad_r, forward);
     auto backward_weights = dnnl::convolution_backward_weights::primitive_desc(
-        engine, algo, src, weights, dst, g.strides, g.dilations, g.pad_l, g.pad_r, forward);
+        engine, algo, src, weights_f32, dst, g.strides, g.dilations, g.pad_l, g.pad_r, forward);
     return ConvPrimitives{forward, backward_data, backward_weights, dnnl::convolution_forward(forward),
                           dnnl::convolution_backward_data(backward_data),
                           dnnl::convolution_backward_weights(backward_weights)};
@@ -150,13 +158,13 @@ std::vector<paddle::Tensor> OneDNNConv2dForward(const paddle::Tensor& x, const p
                                                 const std::vector<int>& strides,
                                                 const std::vector<int>& paddings,
                                                 const std::vector<int>& dilations, int groups,
-                                                bool channels_last, bool need_input_grad) {
+                                                bool channels_last, bool need_input_grad, bool bf16) {
   check_inputs(x, w);
-  const auto g = geometry(x.shape(), w.shape(), strides, paddings, dilations, groups, channels_last);
+  const auto g = geometry(x.shape(), w.shape(), strides, paddings, dilations, groups, channels_last, bf16);
   const auto& p = primitives(g);
   auto out = paddle::empty(paddle_shape(g.dst, channels_last), paddle::DataType::FLOAT32, paddle::CPUPlace());
   dnnl::stream stream(cpu_engine());
-  auto src = plain(g.src, g.data_tag, x);
+  auto src = as_layout(plain(g.src, g.data_tag, x), p.forward.src_desc(), stream);
   auto weights = as_layout(plain(g.weights, g.weights_tag, w), p.forward.weights_desc(), stream);
   auto dst = plain(g.dst, g.data_tag, out);
   p.forward_prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}});
@@ -169,23 +177,24 @@ std::vector<paddle::Tensor> OneDNNConv2dBackward(const paddle::Tensor& x, const 
                                                  const std::vector<int>& strides,
                                                  const std::vector<int>& paddings,
                                                  const std::vector<int>& dilations, int groups,
-                                                 bool channels_last, bool need_input_grad) {
+                                                 bool channels_last, bool need_input_grad, bool bf16) {
   check_inputs(x, w);
-  const auto g = geometry(x.shape(), w.shape(), strides, paddings, dilations, groups, channels_last);
+  const auto g = geometry(x.shape(), w.shape(), strides, paddings, dilations, groups, channels_last, bf16);
   const auto& p = primitives(g);
   auto grad_out_c = grad_out.is_contiguous() ? grad_out : grad_out.contiguous();
   auto grad_x = paddle::empty(x.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
   auto grad_w = paddle::empty(w.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
   dnnl::stream stream(cpu_engine());
-  auto diff_dst = plain(g.dst, g.data_tag, grad_out_c);
+  auto diff_dst = as_layout(plain(g.dst, g.data_tag, grad_out_c), p.backward_weights.diff_dst_desc(), stream);
   if (need_input_grad) {
     // Skipped for network inputs (stop_gradient): Paddle discards that gradient anyway.
     auto weights = as_layout(plain(g.weights, g.weights_tag, w), p.backward_data.weights_desc(), stream);
     auto diff_src = plain(g.src, g.data_tag, grad_x);
     p.backward_data_prim.execute(
-        stream, {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DIFF_SRC, diff_src}});
+        stream, {{DNNL_ARG_DIFF_DST, as_layout(diff_dst, p.backward_data.diff_dst_desc(), stream)},
+                 {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DIFF_SRC, diff_src}});
   }
-  auto src = plain(g.src, g.data_tag, x);
+  auto src = as_layout(plain(g.src, g.data_tag, x), p.backward_weights.src_desc(), stream);
   auto user_diff_weights = plain(g.weights, g.weights_tag, grad_w);
   const auto wanted = p.backward_weights.diff_weights_desc();
   memory diff_weights = wanted == user_diff_weights.get_desc() ? user_diff_weights : memory(wanted, cpu_engine());
@@ -203,7 +212,7 @@ std::vector<std::vector<int64_t>> OneDNNConv2dInferShape(const std::vector<int64
                                                          const std::vector<int>& strides,
                                                          const std::vector<int>& paddings,
                                                          const std::vector<int>& dilations, int groups,
-                                                         bool channels_last, bool need_input_grad) {
+                                                         bool channels_last, bool need_input_grad, bool bf16) {
   const auto g = geometry(x_shape, w_shape, strides, paddings, dilations, groups, channels_last);
   return {paddle_shape(g.dst, channels_last)};
 }
@@ -217,7 +226,7 @@ PD_BUILD_OP(ppdlx_onednn_conv2d)
     .Inputs({"X", "Filter"})
     .Outputs({"Out"})
     .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>", "dilations: std::vector<int>",
-            "groups: int", "channels_last: bool", "need_input_grad: bool"})
+            "groups: int", "channels_last: bool", "need_input_grad: bool", "bf16: bool"})
     .SetKernelFn(PD_KERNEL(OneDNNConv2dForward))
     .SetInferShapeFn(PD_INFER_SHAPE(OneDNNConv2dInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(OneDNNConv2dInferDtype));
@@ -226,7 +235,7 @@ PD_BUILD_GRAD_OP(ppdlx_onednn_conv2d)
     .Inputs({"X", "Filter", paddle::Grad("Out")})
     .Outputs({paddle::Grad("X"), paddle::Grad("Filter")})
     .Attrs({"strides: std::vector<int>", "paddings: std::vector<int>", "dilations: std::vector<int>",
-            "groups: int", "channels_last: bool", "need_input_grad: bool"})
+            "groups: int", "channels_last: bool", "need_input_grad: bool", "bf16: bool"})
     .SetKernelFn(PD_KERNEL(OneDNNConv2dBackward));
 
 // ---------------------------------------------------------------------------------------------

@@ -95,7 +95,10 @@ def test_runtimes_run_in_alternating_fresh_processes_and_the_json_records_the_ma
         assert len(x["per_round"]) == 3 and x["n"] == 3
         assert x["min"] <= x["q1"] <= x["median"] <= x["q3"] <= x["max"]
         assert x["median"] == pytest.approx(float(np.median(x["per_round"])))
-        assert x["output_max_abs_diff"] < 1e-4  # the runtimes computed the same logits
+        if "bf16" in x["runtime"] + x["reference"]:  # bf16 rounds every layer's inputs, and really ran
+            assert 0 < x["output_max_abs_diff"] < 5e-2
+        else:  # the runtimes computed the same logits
+            assert x["output_max_abs_diff"] < 1e-4
     rows = {(row["case"], row["batch_size"]): row for row in r["rows"]}
     assert set(rows) == {(n, bs) for n in names for bs in (1, 2)}
     assert rows[("paddle-cpu fp32", 1)]["vs_reference"] == pytest.approx(

@@ -89,8 +89,9 @@ def test_resume_with_dali_trains_on_the_crops_of_the_run_it_resumes(tiny_tree, t
 
 
 def test_bf16_amp_on_cpu_trains_and_says_it_is_float32(tiny_tree, tmp_path, ppdlx_caplog):
-    caplog = ppdlx_caplog
+    caplog = ppdlx_caplog  # amp.cpu_bf16=false: where bf16 is not used (tests/engine/test_cpu_bf16.py when it is)
     cfg = load_config(None, tiny_overrides(tiny_tree, tmp_path, "amp.enabled=true", "amp.dtype=bfloat16",
+                                           "amp.cpu_bf16=false",
                                            "train.epochs=4", "data.transforms.random=false",
                                            # 0.05 sat at the edge of stability: whether 4 epochs gained
                                            # 0.3 depended on 1e-4 rounding differences between kernels
@@ -98,7 +99,7 @@ def test_bf16_amp_on_cpu_trains_and_says_it_is_float32(tiny_tree, tmp_path, ppdl
     with caplog.at_level("INFO", logger="ppdlx"):
         trainer = build_training(cfg)
     notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("amp:")]
-    assert len(notes) == 1 and "training runs in float32" in notes[0]
+    assert len(notes) == 1 and "training runs in float32" in notes[0] and "(amp.cpu_bf16=false)" in notes[0]
     losses = []
     trainer.step.objective = _recording(trainer.step.objective, losses)
     trainer.fit()
