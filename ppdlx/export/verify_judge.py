@@ -73,11 +73,15 @@ def boxes_agree(a: tuple, b: tuple, threshold: float, max_detections: int) -> bo
     """Do two images' kept boxes match one-to-one (same class key, IoU >= 0.5)? ``a``/``b`` are
     ``(boxes, scores, keys)``; unmatched boxes within ``BOUNDARY`` of ``threshold`` are excused. A
     full output (``max_detections`` boxes) was cut by score: boxes at the cut may tie with ones
-    left out, so only boxes scoring above every full side's lowest score are compared."""
+    left out, so only boxes scoring above every full side's lowest score are compared. A box that
+    clipping to the image left without area is not compared: its IoU with anything, its own twin
+    included, is 0, and it can match no object in an evaluation either."""
     cut = max([float(np.min(d[1])) for d in (a, b) if len(d[1]) >= max_detections] or [-np.inf])
 
     def kept(d):
-        return [i for i in range(len(d[1])) if d[1][i] >= threshold - BOUNDARY and d[1][i] > cut]
+        boxes = np.asarray(d[0], dtype=np.float64).reshape(-1, 4)
+        has_area = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+        return [i for i in range(len(d[1])) if d[1][i] >= threshold - BOUNDARY and d[1][i] > cut and has_area[i]]
     ka, kb = kept(a), kept(b)
     used = set()
     for i in sorted(ka, key=lambda i: -a[1][i]):

@@ -106,7 +106,9 @@ def trained_model_runs(model, vset, cfg, meta: dict, D, batch_size: int = 16) ->
         feeds = prep.feeds_from_files([vset.paths[i] for i in idx])
         max_diff, diff_sum, pixels = _accumulate(ours, feeds[prep.input_name], max_diff, diff_sum, pixels)
         outputs = [o.numpy() for o in detector(*[paddle.to_tensor(feeds[i["name"]]) for i in meta["inputs"]])]
-        dets += split_detections(outputs)
+        records = [dataset.records[index_of[vset.image_ids[i]]] for i in idx]
+        sizes = [(r["width"], r["height"]) for r in records]
+        dets += split_detections(D.clip_to_images(meta, outputs, sizes))  # as the deploy pipeline clips
     return TrainedRuns(Predictions(), Predictions(dets=dets), max_diff, diff_sum / max(pixels, 1))
 
 

@@ -94,3 +94,26 @@ def test_onnx_completion_clips_kept_boxes_to_the_input_as_the_program_does():
     unclipped = P.complete_outputs(meta, "onnxruntime", [boxes[None], scores[None], classes[None]],
                                    {"image_scale": scales})
     assert unclipped[0].min() < 0.0 and unclipped[3].tolist() == [n]
+
+
+def test_detections_are_clipped_to_each_image_as_the_evaluator_clips_its_coco_results():
+    """The graph clips to the square network input; the deploy pipeline clips each image's boxes to that
+    image (``clip_to_images``), as ``detections_to_coco`` does for the evaluator: a 67 x 69 image's box
+    reaching x = 69 ends at 67. Classification outputs pass unchanged."""
+    from ppdlx.engine.coco_eval import detections_to_coco
+    meta = {"model": {"family": "detection"},
+            "outputs": [{"name": "b", "role": "boxes"}, {"name": "s", "role": "scores"},
+                        {"name": "c", "role": "classes"}, {"name": "n", "role": "count"}]}
+    boxes = np.asarray([[[66.7, 28.7, 69.0, 55.7], [-3.0, 60.0, 20.0, 69.0]],
+                        [[10.0, 10.0, 30.0, 30.0], [50.0, -1.0, 80.0, 90.0]]], np.float32)
+    outputs = [boxes, np.full((2, 2), 0.9, np.float32), np.zeros((2, 2), np.int64), np.asarray([2, 2], np.int32)]
+    clipped = P.clip_to_images(meta, outputs, [(67, 69), (64, 48)])
+    expected = np.asarray([[[66.7, 28.7, 67.0, 55.7], [0.0, 60.0, 20.0, 69.0]],
+                           [[10.0, 10.0, 30.0, 30.0], [50.0, 0.0, 64.0, 48.0]]], np.float32)
+    assert np.array_equal(clipped[0], expected)
+    assert clipped[0].dtype == np.float32 and all(a is b for a, b in zip(clipped[1:], outputs[1:]))
+    coco = detections_to_coco([1, 2], boxes, outputs[1], outputs[2], outputs[3], [7], {1: (67, 69), 2: (64, 48)})
+    as_xyxy = [[b[0], b[1], b[0] + b[2], b[1] + b[3]] for b in (r["bbox"] for r in coco)]
+    np.testing.assert_allclose(as_xyxy, clipped[0].reshape(-1, 4), atol=1e-3)
+    logits = [np.ones((2, 10), np.float32)]
+    assert P.clip_to_images({"model": {"family": "classification"}}, logits, [(5, 5), (5, 5)]) is logits

@@ -46,7 +46,7 @@ from .meta import META_FILE, is_quantized, load_meta, model_files, program_op_ty
 from .pipeline import Pipeline  # noqa: E402
 from .plan import (BACKENDS, CPU_VARIANTS, PRECISIONS, build_plan, check_backend_available, cpu_flags,  # noqa: E402
                    cpu_has_bf16, cpu_variant_options, cpu_variants_for, default_threads)
-from .postprocess import draw_detections, postprocess, softmax, topk_classes  # noqa: E402
+from .postprocess import clip_to_images, draw_detections, postprocess, softmax, topk_classes  # noqa: E402
 from .predictors import OnnxPredictor, PaddlePredictor, create_predictor  # noqa: E402
 from .preprocess import (IMAGE_EXTENSIONS, Preprocessor, center_crop, list_images, load_image, normalize,  # noqa: E402
                          resize_shorter)
@@ -58,7 +58,7 @@ __all__ = [
     "BACKENDS", "CPU_VARIANTS", "IMAGE_EXTENSIONS", "META_FILE", "PRECISIONS", "DeployError", "OnnxPredictor",
     "PaddlePredictor", "Pipeline", "Preprocessor", "UnsupportedError", "alternating_order", "apply_plan",
     "benchmark", "build_plan", "calibrate_trt", "calibration_feeds", "center_crop", "check_backend_available",
-    "choose_cpu_plan", "cli", "cpu", "cpu_candidates", "cpu_flags", "cpu_has_bf16", "cpu_variant_options",
+    "choose_cpu_plan", "cli", "clip_to_images", "cpu", "cpu_candidates", "cpu_flags", "cpu_has_bf16", "cpu_variant_options",
     "cpu_variants_for", "create_predictor", "default_threads", "draw_detections", "format_rows", "is_quantized",
     "kernel_profile",
     "latency_stats", "list_images", "load_image", "load_meta", "model_files", "normalize", "plan_call",

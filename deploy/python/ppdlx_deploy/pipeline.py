@@ -12,7 +12,7 @@ from PIL import Image
 
 from .errors import DeployError
 from .meta import load_meta
-from .postprocess import complete_outputs, postprocess
+from .postprocess import clip_to_images, complete_outputs, postprocess
 from .predictors import create_predictor
 from .preprocess import Preprocessor, load_image
 
@@ -37,8 +37,8 @@ class Pipeline:
         return complete_outputs(self.meta, self.backend, self.predictor.run(feeds), feeds)
 
     def run(self, images: Sequence[Image.Image]) -> List[np.ndarray]:
-        """The network's outputs for a batch of RGB images."""
-        return self.run_feeds(self.preprocessor.feeds(images))
+        """The network's outputs for a batch of RGB images (detection boxes within each image)."""
+        return clip_to_images(self.meta, self.run_feeds(self.preprocessor.feeds(images)), [im.size for im in images])
 
     def batches(self, paths: Sequence[str], batch_size: int = 1,
                 on_unreadable: Optional[Callable[[str, DeployError], None]] = None

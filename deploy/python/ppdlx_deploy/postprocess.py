@@ -8,7 +8,7 @@ kernel the Paddle program runs, so every backend hands ``postprocess`` the same 
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -112,6 +112,20 @@ def complete_outputs(meta: dict, backend: str, outputs: List[np.ndarray],
     boxes = boxes * scales.reshape(-1, 1, 1)
     return [boxes.astype(np.float32), np.stack([r[1] for r in results]), np.stack([r[2] for r in results]),
             np.asarray([r[3] for r in results], np.int32)]
+
+
+def clip_to_images(meta: dict, outputs: List[np.ndarray], sizes: Sequence[Tuple[int, int]]) -> List[np.ndarray]:
+    """A detection batch's boxes clipped to each image's ``(width, height)``: the graph clips to the
+    network input, whose padding lies beyond an image's shorter side (what ppdlx's evaluator clips
+    its COCO results to). Classification outputs are returned as they are."""
+    if meta["model"]["family"] != "detection":
+        return outputs
+    roles = [o["role"] for o in meta["outputs"]]
+    at = roles.index("boxes")
+    limits = np.asarray([[w, h, w, h] for w, h in sizes], np.float32).reshape(-1, 1, 4)
+    clipped = list(outputs)
+    clipped[at] = np.clip(np.asarray(outputs[at], np.float32), np.float32(0), limits)
+    return clipped
 
 
 def postprocess(meta: dict, outputs: List[np.ndarray], topk: int = 5, score_threshold: Optional[float] = None):

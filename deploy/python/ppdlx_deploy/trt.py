@@ -52,9 +52,13 @@ def trt_shape_ranges(meta: dict, opt_batch: Optional[int] = None, max_batch: Opt
 def largest_trt_batch(meta: dict, batch_size: int, trt_max_batch: Optional[int]) -> int:
     """The largest batch the TensorRT shape range admits (``--trt-max-batch``, else inference.yml's,
     and never below the serving batch)."""
+    return _ranges_and_largest_batch(meta, batch_size, trt_max_batch)[1]
+
+
+def _ranges_and_largest_batch(meta: dict, batch_size: int, trt_max_batch: Optional[int]) -> tuple:
     override = trt_max_batch or meta.get("tensorrt", {}).get("max_batch_size")
     ranges = trt_shape_ranges(meta, opt_batch=batch_size, max_batch=override)
-    return max(r[0] for r in ranges["max"].values())
+    return ranges, max(r[0] for r in ranges["max"].values())
 
 
 def subgraph_cache_dir(base: str, files: dict, settings: dict) -> str:
@@ -95,8 +99,7 @@ def trt_plan(meta: dict, files: dict, precision: str, gpu_calls: List[dict], *, 
     if shape_source not in ("yml", "collect"):
         raise DeployError(f"--trt-shapes {shape_source}: choose yml or collect")
     trt = meta.get("tensorrt", {})
-    ranges = trt_shape_ranges(meta, opt_batch=batch_size, max_batch=trt_max_batch or trt.get("max_batch_size"))
-    max_batch = max(r[0] for r in ranges["max"].values())
+    ranges, max_batch = _ranges_and_largest_batch(meta, batch_size, trt_max_batch)
     # absolute: a converted PIR program records its engine files' paths as given
     cache_dir = os.path.abspath(cache_dir or os.path.join(os.path.dirname(files["model_file"]), "_trt_cache"))
     workspace = int(workspace_bytes or trt.get("workspace_size_bytes", 1 << 30))
