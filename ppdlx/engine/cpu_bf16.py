@@ -12,6 +12,7 @@ where it is at least :data:`MIN_GAIN` faster. The decision is cached next to the
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -68,9 +69,16 @@ def _key(features: dict, threads: int) -> str:
 
 
 def timed_choice(threads: int) -> dict:
-    """``{"float32": ms, "bfloat16": ms, "measured": time}`` for this CPU and thread count, measured once."""
-    features = cpu_features()
-    path, key = _cache_path(), _key(features, threads)
+    """``{"float32": ms, "bfloat16": ms, "measured": time}`` for this CPU and thread count, measured once.
+    Under a file lock: the ranks of a job on one machine wait for one measurement (undisturbed by
+    the others) and all make the same choice."""
+    path = _cache_path()
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _cached_or_measured(path, _key(cpu_features(), threads))
+
+
+def _cached_or_measured(path: str, key: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             cached = json.load(f)
