@@ -29,13 +29,14 @@ def _tool(*args, timeout=1800):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """tiny ResNet on the 1,797 scikit-learn digits (1438 train / 359 val), 6 epochs: ~80 % top-1,
-    far from constant predictions, so a pre-processing or label error changes them."""
+    """tiny ResNet on the 1,797 scikit-learn digits (1438 train / 359 val), 6 epochs: 85-90 % top-1,
+    far from constant predictions, so a pre-processing or label error changes them (at the demo's
+    lr 0.2 it ended anywhere from 55 to 80 %, depending on the CPU's rounding)."""
     base = tmp_path_factory.mktemp("verify_cls")
     data = make_digits_tree(base / "digits")
     overrides = ["model.name=resnet18_bottleneck_tiny", f"data.root={data}", "data.backend=paddle",
                  f"data.transforms.mean={MEAN}", f"data.transforms.std={STD}", "amp.enabled=false",
-                 "data.batch_size=32", "train.epochs=6"]
+                 "data.batch_size=32", "train.epochs=6", "lr.base_lr=0.4"]
     proc = _tool(os.path.join("tools", "train.py"), "-c", CONFIG, "-o", *overrides, f"global.output_dir={base / 'run'}",
                  timeout=3000)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -166,8 +167,11 @@ def test_an_int8_export_is_verified_as_one_more_precision(trained, tmp_path):
     """tools/quantize.py's int8 directory: --verify-only runs it as paddle-cpu int8, gated by --max-drop."""
     int8 = tmp_path / "int8"
     data = [o for o in trained["overrides"] if o.startswith("data.root=")][0].split("=", 1)[1]
+    # quantize's own agreement gate is tested on the demo ResNet50 (tests/export/test_quantize.py);
+    # this tiny ResNet's int8 agreement swings with the CPU's rounding, and the gate under test is verify's
     proc = _tool(os.path.join("tools", "quantize.py"), "-c", CONFIG, "-o", *trained["overrides"],
-                 "--calib-images", os.path.join(data, "train"), "--num-images", "64", "--output-dir", str(int8))
+                 "--calib-images", os.path.join(data, "train"), "--num-images", "64", "--output-dir", str(int8),
+                 "--min-agreement", "0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = _tool(os.path.join("tools", "export_model.py"), "-c", CONFIG, "-o", *trained["overrides"],
                  "--output-dir", str(int8), "--verify-only", "--verify-images", str(IMAGES), "--max-drop", "5")

@@ -27,6 +27,7 @@ def test_round_trip_paddle_and_numpy():
     codes_np = encode_boxes_np(boxes, anchors)
     assert np.abs(codes_np - codes.numpy()).max() < 1e-5
     assert np.abs(decode_boxes_np(codes_np, anchors) - boxes).max() < 1e-4
-    # batched: [N, A, 4] boxes against [A, 4] anchors
+    # batched: [N, A, 4] boxes against [A, 4] anchors; Paddle's broadcasting kernels round a few
+    # ulps differently from the unbatched ones on some CPUs (seen on an Intel Xeon with AVX-512)
     batched = encode_boxes(paddle.to_tensor(np.stack([boxes, boxes])), paddle.to_tensor(anchors))
-    assert batched.shape == [2, 1000, 4] and np.abs(batched.numpy()[1] - codes.numpy()).max() == 0
+    assert batched.shape == [2, 1000, 4] and np.abs(batched.numpy()[1] - codes.numpy()).max() < 1e-5
