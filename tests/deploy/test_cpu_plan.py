@@ -144,3 +144,25 @@ def test_int8_plan_passes_the_calibrated_op_list_and_refuses_a_pir_program(tmp_p
     with pytest.raises(D.UnsupportedError, match=r"^--backend paddle-cpu --precision int8: a PIR \(.json\) program"):
         D.build_plan(meta, _files("pir", tmp_path), "paddle-cpu", "int8", threads=2, quantized=True,
                      cpu_flag_set=set(INTEL_BF16["flags"]))
+
+
+def test_cli_cpu_variant_runs_the_named_settings_or_refuses_in_one_line(exports, tmp_path):
+    """deploy/python/infer.py --cpu-variant: a named variant is the plan the predictor runs; a wrong
+    name or backend is one line, exit 2 (auto's measuring is tested above through the API)."""
+    import json
+    import subprocess
+    import sys
+    infer = os.path.join(os.path.dirname(D.__file__), os.pardir, "infer.py")
+    base = [sys.executable, infer, "--model-dir", exports["program"], "--benchmark", "--synthetic",
+            "--batch-sizes", "1", "--warmup", "1", "--repeats", "2", "--threads", "1"]
+    report = tmp_path / "rows.json"
+    proc = subprocess.run(base + ["--cpu-variant", "mkl-fc+memory-optim", "--report", str(report)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(report.read_text())["rows"]
+    assert [r["cpu_variant"] for r in rows] == ["mkl-fc+memory-optim"] and rows[0]["latency_ms"]["mean"] > 0
+    for args, line in ((["--cpu-variant", "fast"], "error: --cpu-variant fast: choose auto, or from default, "),
+                       (["--cpu-variant", "auto", "--backend", "onnxruntime"],
+                        "error: --cpu-variant auto: applies to --backend paddle-cpu only (not onnxruntime); drop it")):
+        proc = subprocess.run(base + args, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr[-2000:]

@@ -32,7 +32,7 @@ from .calibration import calibrate_trt
 from .errors import DeployError
 from .meta import load_meta, model_files
 from .pipeline import Pipeline
-from .plan import BACKENDS, PRECISIONS, build_plan, check_backend_available
+from .plan import BACKENDS, CPU_VARIANTS, PRECISIONS, build_plan, check_backend_available
 from .postprocess import draw_detections, postprocess
 from .predictors import create_predictor
 from .preprocess import Preprocessor, list_images
@@ -50,6 +50,10 @@ def parse_args(argv=None):
     p.add_argument("--topk", type=int, default=5)
     p.add_argument("--cpu-engine", choices=("onednn", "openvino"), default="onednn",
                    help="paddle-cpu: oneDNN kernels, or Paddle Inference's OpenVINO engine (--format program exports)")
+    p.add_argument("--cpu-variant", metavar="VARIANT",
+                   help=f"paddle-cpu: Paddle Inference settings by name ({', '.join(CPU_VARIANTS)}; several joined "
+                        f"with '+'), or auto: time the ones this export allows once per kind of machine, each in "
+                        f"its own process, and use the fastest (cached; the first note says which and why)")
     p.add_argument("--score-threshold", type=float, help="detection: draw boxes above this score")
     p.add_argument("--output-dir", help="detection: write images with boxes here")
     p.add_argument("--gpu-id", type=int, default=0)
@@ -90,6 +94,13 @@ def check_numbers(args) -> None:
             sizes = []
         if not sizes or min(sizes) < 1:
             raise DeployError(f"--batch-sizes {args.batch_sizes}: give positive integers, e.g. 1,8")
+    if args.cpu_variant is not None:
+        if args.backend != "paddle-cpu":
+            raise DeployError(f"--cpu-variant {args.cpu_variant}: applies to --backend paddle-cpu only "
+                              f"(not {args.backend}); drop it")
+        if args.cpu_variant != "auto" and not set(args.cpu_variant.split("+")) <= set(CPU_VARIANTS):
+            raise DeployError(f"--cpu-variant {args.cpu_variant}: choose auto, or from {', '.join(CPU_VARIANTS)} "
+                              f"(several joined with '+')")
     for option, path, directory in (("--report", args.report, False), ("--output-dir", args.output_dir, True)):
         if path:
             check_writable(option, path, directory)
@@ -123,7 +134,8 @@ def check_trt_batch_sizes(args, meta: dict) -> None:
 
 def plan_options(args) -> dict:
     """The predictor options given on the command line (everything but backend and precision)."""
-    return dict(threads=args.threads, batch_size=args.batch_size, cpu_engine=args.cpu_engine, gpu_id=args.gpu_id,
+    return dict(threads=args.threads, batch_size=args.batch_size, cpu_engine=args.cpu_engine,
+                cpu_variant=args.cpu_variant, gpu_id=args.gpu_id,
                 gpu_mem_mb=args.gpu_mem_mb, cache_dir=args.trt_cache_dir, shape_source=args.trt_shapes,
                 trt_max_batch=args.trt_max_batch, workspace_bytes=args.trt_workspace_bytes)
 
