@@ -166,3 +166,19 @@ def test_cli_cpu_variant_runs_the_named_settings_or_refuses_in_one_line(exports,
                         "error: --cpu-variant auto: applies to --backend paddle-cpu only (not onnxruntime); drop it")):
         proc = subprocess.run(base + args, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr[-2000:]
+
+
+def test_precision_auto_keeps_fp32_for_an_export_whose_verify_missed_bf16(exports):
+    """inference.yml verify: with a bf16 case outside the gate -> --precision auto is fp32, saying why,
+    on every CPU (nothing is measured); a passed bf16 case or no verify record leaves auto to measure."""
+    meta = D.load_meta(exports["program"])
+    missed = dict(meta, verify={"cases": [{"backend": "paddle-cpu", "precision": "fp32", "passed": True},
+                                          {"backend": "paddle-cpu", "precision": "bf16", "passed": False}]})
+    assert D.bf16_failed_verify(missed)
+    predictor = D.create_predictor(exports["program"], "paddle-cpu", "auto", threads=1, meta=missed)
+    assert predictor.plan["precision"] == "fp32" and predictor.plan["cpu_variant"] == "default"
+    assert predictor.plan["notes"][0] == ("cpu plan: fp32 (this export's --verify found bf16 outside its gate: "
+                                          "inference.yml verify)")
+    passed = dict(meta, verify={"cases": [{"backend": "paddle-cpu", "precision": "bf16", "passed": True}]})
+    skipped = dict(meta, verify={"cases": [{"backend": "paddle-cpu", "precision": "bf16", "skipped": "no bf16"}]})
+    assert not D.bf16_failed_verify(passed) and not D.bf16_failed_verify(skipped) and not D.bf16_failed_verify(meta)

@@ -29,8 +29,9 @@ from ppdlx.data.synthetic_coco import make_synthetic_coco
 from ppdlx.engine.tasks import task_of
 from ppdlx.export import export_model
 
-# the cases --verify runs here: bf16 only on a CPU with bf16 hardware (ppdlx.export.verify.verify_cases)
-RAN = (f"paddle-cpu fp32, {'paddle-cpu bf16, ' if has_bf16(cpu_features()) else ''}onnxruntime fp32")
+# the cases a failed --verify names: bf16, run on a CPU with bf16 hardware, is advisory (a warning line)
+RAN = "paddle-cpu fp32, onnxruntime fp32"
+BF16_RUNS = has_bf16(cpu_features())
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "demo", "efficientdet_demo.yaml")
 D = load_deploy_module()
@@ -184,13 +185,16 @@ def test_fruit_detector_passes_verify_on_paddle_and_onnxruntime(fruit_run, tmp_p
     fp32 = {k: c for k, c in ran.items() if k[1] == "fp32"}
     assert set(fp32) == {("paddle-cpu", "fp32"), ("onnxruntime", "fp32")} and all(c["passed"] for c in fp32.values())
     assert all(abs(c["AP"] - record["reference"]["AP"]) <= 0.005 and c["agreement"] == 1.0 for c in fp32.values())
-    # bf16 (CPUs with bf16 hardware) is judged like every offered precision: on 4 images one changed box
-    # costs ~5 AP points, more than the 1-point gate, and the export then fails naming bf16
+    # bf16 (CPUs with bf16 hardware) is advisory: on 4 images one changed box can cost ~5 AP points, more
+    # than the 1-point gate; the fp32 export still passes, and the miss is a warning naming bf16
+    assert proc.returncode == 0 and record["passed"] is True, proc.stdout[-2000:] + proc.stderr[-3000:]
     bf16 = ran.get(("paddle-cpu", "bf16"))
-    assert proc.returncode == (0 if bf16 is None or bf16["passed"] else 1), proc.stdout[-2000:] + proc.stderr[-3000:]
     if bf16 is not None and not bf16["passed"]:
-        assert proc.stderr.strip().splitlines()[-1].startswith(
-            "error: --verify failed (paddle-cpu bf16): numerics: on the same inputs paddle-cpu bf16 agrees with")
+        assert "paddle-cpu bf16 (onednn)" in proc.stdout and "-> FAIL (advisory)" in proc.stdout
+        assert record["warnings"][0].startswith("--verify: paddle-cpu bf16 is outside the gate (numerics: ")
+        assert "warning: --verify: paddle-cpu bf16 is outside the gate" in proc.stdout
+    else:
+        assert record["warnings"] == []
 
 
 def test_export_carries_the_batchnorm_statistics_the_evaluator_uses(verified, trained, tmp_path):

@@ -47,7 +47,7 @@ from .pipeline import Pipeline  # noqa: E402
 from .plan import (BACKENDS, CPU_VARIANTS, PRECISIONS, build_plan, check_backend_available, cpu_flags,  # noqa: E402
                    cpu_has_bf16, cpu_variant_options, cpu_variants_for, default_threads)
 from .postprocess import clip_to_images, draw_detections, postprocess, softmax, topk_classes  # noqa: E402
-from .predictors import OnnxPredictor, PaddlePredictor, create_predictor  # noqa: E402
+from .predictors import OnnxPredictor, PaddlePredictor, bf16_failed_verify, create_predictor  # noqa: E402
 from .preprocess import (IMAGE_EXTENSIONS, Preprocessor, center_crop, list_images, load_image, normalize,  # noqa: E402
                          resize_shorter)
 from .trt import trt_calibration_tables, trt_shape_ranges  # noqa: E402
@@ -57,7 +57,7 @@ from . import cli  # noqa: E402  (last: the command line uses everything above)
 __all__ = [
     "BACKENDS", "CPU_VARIANTS", "IMAGE_EXTENSIONS", "META_FILE", "PRECISIONS", "DeployError", "OnnxPredictor",
     "PaddlePredictor", "Pipeline", "Preprocessor", "UnsupportedError", "alternating_order", "apply_plan",
-    "benchmark", "build_plan", "calibrate_trt", "calibration_feeds", "center_crop", "check_backend_available",
+    "benchmark", "bf16_failed_verify", "build_plan", "calibrate_trt", "calibration_feeds", "center_crop", "check_backend_available",
     "choose_cpu_plan", "cli", "clip_to_images", "cpu", "cpu_candidates", "cpu_flags", "cpu_has_bf16", "cpu_variant_options",
     "cpu_variants_for", "create_predictor", "default_threads", "draw_detections", "format_rows", "is_quantized",
     "kernel_profile",

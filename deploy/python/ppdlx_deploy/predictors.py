@@ -160,6 +160,12 @@ class OnnxPredictor:
         return self.session.run(None, {n: feeds[n] for n in self.input_names})
 
 
+def bf16_failed_verify(meta: dict) -> bool:
+    """Whether ``tools/export_model.py --verify`` ran this export in bf16 and it missed the gate."""
+    cases = (meta.get("verify") or {}).get("cases") or []
+    return any(c.get("precision") == "bf16" and not c.get("skipped") and c.get("passed") is False for c in cases)
+
+
 def create_predictor(model_dir: str, backend: str, precision: str = "fp32", **kwargs):
     """A predictor for ``backend``/``precision``. On paddle-cpu, ``precision="auto"`` and/or
     ``cpu_variant="auto"`` pick the plan by measuring the candidates on this machine (once per
@@ -173,6 +179,11 @@ def create_predictor(model_dir: str, backend: str, precision: str = "fp32", **kw
         kwargs["meta"] = meta
         if meta.get("precision") == "int8":  # an int8 export run as fp32 only emulates its quantize ops, slowly
             precision = "int8"
+        elif bf16_failed_verify(meta):
+            predictor = create_predictor(model_dir, backend, "fp32", **kwargs)
+            predictor.plan["notes"].insert(0, "cpu plan: fp32 (this export's --verify found bf16 outside its gate: "
+                                              "inference.yml verify)")
+            return predictor
     if backend == "paddle-cpu" and "auto" in (precision, kwargs.get("cpu_variant")):
         from .tuning import choose_cpu_plan
         check_backend_available(backend)
