@@ -221,9 +221,9 @@ def format_record(record: dict) -> List[str]:
             lines.append(f"{what}: skipped ({c['skipped']})")
             continue
         scores = " ".join(f"{k} {c[k]:.4f}" for k in metrics)
-        verdict = "PASS" if c["passed"] else ("FAIL (advisory)" if c["precision"] in ADVISORY_PRECISIONS else "FAIL")
+        outcome = "PASS" if c["passed"] else ("FAIL (advisory)" if c["precision"] in ADVISORY_PRECISIONS else "FAIL")
         lines.append(f"{what} ({c.get('engine')}): {scores}, drop {c['drop_points']:+.2f} pt, agreement "
-                     f"{c['agreement']:.2%} -> {verdict}")
+                     f"{c['agreement']:.2%} -> {outcome}")
     return lines + [f"warning: {w}" for w in record.get("warnings", [])]
 
 

@@ -57,7 +57,8 @@ from . import cli  # noqa: E402  (last: the command line uses everything above)
 __all__ = [
     "BACKENDS", "CPU_VARIANTS", "IMAGE_EXTENSIONS", "META_FILE", "PRECISIONS", "DeployError", "OnnxPredictor",
     "PaddlePredictor", "Pipeline", "Preprocessor", "UnsupportedError", "alternating_order", "apply_plan",
-    "benchmark", "bf16_failed_verify", "build_plan", "calibrate_trt", "calibration_feeds", "center_crop", "check_backend_available",
+    "benchmark", "bf16_failed_verify", "build_plan", "calibrate_trt", "calibration_feeds", "center_crop",
+    "check_backend_available",
     "choose_cpu_plan", "cli", "clip_to_images", "cpu", "cpu_candidates", "cpu_flags", "cpu_has_bf16", "cpu_variant_options",
     "cpu_variants_for", "create_predictor", "default_threads", "draw_detections", "format_rows", "is_quantized",
     "kernel_profile",
