@@ -32,7 +32,7 @@ from .calibration import calibrate_trt
 from .errors import DeployError
 from .meta import load_meta, model_files
 from .pipeline import Pipeline
-from .plan import BACKENDS, CPU_VARIANTS, PRECISIONS, build_plan, check_backend_available
+from .plan import BACKENDS, CPU_VARIANTS, PRECISIONS, build_plan, check_backend_available, cpu_variant_options
 from .postprocess import draw_detections, postprocess
 from .predictors import create_predictor
 from .preprocess import Preprocessor, list_images
@@ -98,9 +98,12 @@ def check_numbers(args) -> None:
         if args.backend != "paddle-cpu":
             raise DeployError(f"--cpu-variant {args.cpu_variant}: applies to --backend paddle-cpu only "
                               f"(not {args.backend}); drop it")
-        if args.cpu_variant != "auto" and not set(args.cpu_variant.split("+")) <= set(CPU_VARIANTS):
-            raise DeployError(f"--cpu-variant {args.cpu_variant}: choose auto, or from {', '.join(CPU_VARIANTS)} "
-                              f"(several joined with '+')")
+        if args.cpu_variant != "auto":
+            try:
+                cpu_variant_options(args.cpu_variant)
+            except DeployError:
+                raise DeployError(f"--cpu-variant {args.cpu_variant}: choose auto, or from {', '.join(CPU_VARIANTS)} "
+                                  f"(several joined with '+')") from None
     for option, path, directory in (("--report", args.report, False), ("--output-dir", args.output_dir, True)):
         if path:
             check_writable(option, path, directory)
