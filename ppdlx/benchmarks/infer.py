@@ -9,6 +9,9 @@ worker builds its predictor, runs ``--warmup`` untimed batches and times ``--ste
 batch size (input copy + run + output copy). Reported: per runtime the median batch latency
 over all rounds; per pair (every runtime vs the reference, every Paddle variant vs plain
 ``paddle-cpu fp32``) the median and spread (range, quartiles) of the per-round latency ratios.
+Each row also reads the runtime's speed as GFLOP/s (the model's convolutions and linear layers)
+and as a share of this CPU's float32 matrix-product peak, timed before and after the rounds
+(:mod:`ppdlx.benchmarks.matmul_peak`): how much any float32 runtime could still gain here.
 Why not one process: the spinning worker threads of one runtime's thread pool take cores from the
 next (docs/cpu_speed.md).
 """
@@ -22,6 +25,7 @@ import time
 from typing import Optional
 
 import ppdlx
+from ppdlx.benchmarks.matmul_peak import DEFAULT_SIZE, achieved_gflop_per_s, matmul_peak, model_gflop_per_image
 from ppdlx.cpu_features import cpu_features, has_bf16
 from ppdlx.errors import ConfigError, UnsupportedError
 
@@ -128,6 +132,9 @@ def add_arguments(parser):
                         help="after the rounds, one more worker per paddle-cpu/onnxruntime runtime splits each batch "
                              "into convolutions, other kernels and time outside kernels (oneDNN's verbose log, "
                              "onnxruntime's profiler); the profilers' cost is in those times")
+    parser.add_argument("--matmul-size", type=int, default=DEFAULT_SIZE,
+                        help="side of the float32 matrix product timed before and after the rounds as this CPU's "
+                             "arithmetic peak (rows then show GFLOP/s and their share of it); 0 = skip")
     parser.add_argument("--deploy-dir", help=f"folder holding the {DEPLOY_PACKAGE} package (default: "
                                              f"${DEPLOY_DIR_ENV}, else deploy/python of this checkout, else the "
                                              f"installed package)")
@@ -268,6 +275,24 @@ def _kernel_profile(D, specs: dict, env: dict, batch_sizes: list, notes: list, r
     return splits
 
 
+def _matmul_peak(size: int, threads: int) -> Optional[dict]:
+    if size <= 0:
+        return None
+    print(f"matmul peak: float32 {size} x {size} products, {threads} thread(s)", file=sys.stderr, flush=True)
+    return matmul_peak(threads, size)
+
+
+def peak_line(peaks: list, peak: dict, gflop: float, rows: list) -> str:
+    """The note that reads each runtime's speed against the CPU's float32 matrix-product peak."""
+    measured = ", ".join(f"{t['library']} {t['gflop_per_s']:.0f}" for p in peaks for t in p["timings"])
+    shares = "; ".join(f"{row['case']} bs {row['batch_size']} {row['gflop_per_s']:.0f} ({row['of_matmul_peak']:.2f})"
+                       for row in rows)
+    return (f"matmul peak: {peak['gflop_per_s']:.0f} GFLOP/s ({peak['by']}, float32 "
+            f"{peak['timings'][0]['size']}^2, {peak['timings'][0]['threads']} thread(s); before and after the "
+            f"rounds: {measured}); the model's convolutions and linear layers are {gflop:.3g} GFLOP per image; "
+            f"GFLOP/s reached (share of the peak): {shares}")
+
+
 def run(args) -> dict:
     batch_sizes = _check_counts(args)
     features = cpu_features()
@@ -283,6 +308,7 @@ def run(args) -> dict:
     overrides = list(flatten_overrides(args.override)) + [
         f"data.transforms.crop_size={args.resolution}", f"data.transforms.resize_short={int(args.resolution * 8 / 7)}"]
     cfg = load_config(args.config, overrides)
+    from ppdlx.engine.builders import build_model
     from ppdlx.engine.tasks import task_of
     task = task_of(cfg)
     if task.name != "classification":
@@ -305,12 +331,16 @@ def run(args) -> dict:
     env = {name: {**ppdlx.THREAD_ENV_GIVEN, **variant_env} for name, (_, variant_env) in parsed.items()}
     load_before = os.getloadavg()
     started = time.time()
+    peaks = [_matmul_peak(args.matmul_size, threads)]
     measured = _one_line(D, D.run_rounds, specs, args.rounds, env,
                          progress=lambda line: print(line, file=sys.stderr, flush=True))
+    peaks.append(_matmul_peak(args.matmul_size, threads))
     load_after = os.getloadavg()
     pairs = _pairs(names, args.reference)
     summary = D.summarize_rounds(measured["replies"], batch_sizes, pairs)
     ratio_of = {(r["runtime"], r["reference"], r["batch_size"]): r for r in summary["ratios"]}
+    peak = max((p for p in peaks if p), key=lambda p: p["gflop_per_s"], default=None)
+    gflop = model_gflop_per_image(build_model(cfg), args.resolution, cfg.model.data_format) if peak else None
     rows = []
     for bs in batch_sizes:
         for name in names:
@@ -318,6 +348,9 @@ def run(args) -> dict:
             row = {"case": name, "batch_size": bs, "engine": first["engine"], "threads": first["threads"],
                    "median_ms": stats["median_ms"], "images_per_s": bs * 1000.0 / stats["median_ms"],
                    "round_median_ms": stats["round_median_ms"]}
+            if peak:
+                row["gflop_per_s"] = achieved_gflop_per_s(gflop, bs, stats["median_ms"])
+                row["of_matmul_peak"] = row["gflop_per_s"] / peak["gflop_per_s"]
             ratio = ratio_of.get((name, args.reference, bs))
             if ratio:
                 row.update({"vs_reference": ratio["median"], "vs_reference_min": ratio["min"],
@@ -338,6 +371,8 @@ def run(args) -> dict:
              f"cpu: {features.get('model_name')} ({features.get('vendor')}), flags {' '.join(features['flags'])}"]
     for name in names:
         notes.append(f"{name}: " + "; ".join(workers[name]["notes"]))
+    if peak:
+        notes.append(peak_line(peaks, peak, gflop, rows))
     for ratio in summary["ratios"]:
         a = summary["runtimes"][(ratio["runtime"], ratio["batch_size"])]["median_ms"]
         b = summary["runtimes"][(ratio["reference"], ratio["batch_size"])]["median_ms"]
@@ -349,6 +384,8 @@ def run(args) -> dict:
     medians = {key: stats["median_ms"] for key, stats in summary["runtimes"].items()}
     profile = _kernel_profile(D, specs, env, batch_sizes, notes, args.reference, medians) if args.profile else None
     return {"rows": rows, "notes": notes, "model_dir": model_dir, "ratios": summary["ratios"], "profile": profile,
+            "matmul_peak": {"before": peaks[0], "after": peaks[1], "gflop_per_s": peak and peak["gflop_per_s"],
+                            "model_gflop_per_image": gflop},
             "order": measured["order"], "workers": workers,
             "threads": {"per_runtime": threads, "environment_given": ppdlx.THREAD_ENV_GIVEN},
             "method": {"rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "batch_sizes": batch_sizes,

@@ -76,7 +76,7 @@ def test_runtimes_run_in_alternating_fresh_processes_and_the_json_records_the_ma
     proc = _tool("-c", "configs/demo/rn50_demo.yaml", "-o", "model.name=resnet18_bottleneck_tiny",
                  "model.num_classes=3", f"global.output_dir={tmp_path / 'out'}", "--resolution", "32",
                  "--batch-sizes", "1,2", "--rounds", "3", "--steps", "2", "--warmup", "1", "--threads", "2",
-                 "--runtimes", "auto,paddle-cpu fp32 mkl-fc", "--report", str(report))
+                 "--runtimes", "auto,paddle-cpu fp32 mkl-fc", "--matmul-size", "256", "--report", str(report))
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(report.read_text())
     names = ["paddle-cpu fp32", "onnxruntime fp32"] + (["paddle-cpu bf16"] if has_bf16(cpu_features()) else []) + \
@@ -105,6 +105,22 @@ def test_runtimes_run_in_alternating_fresh_processes_and_the_json_records_the_ma
         next(x["median"] for x in r["ratios"] if x["runtime"] == "paddle-cpu fp32" and x["batch_size"] == 1
              and x["reference"] == "onnxruntime fp32"))
     assert rows[("onnxruntime fp32", 1)]["engine"] == "onnxruntime" and rows[("paddle-cpu fp32", 1)]["threads"] == 2
+    # each row's GFLOP/s from the model's own MAC count, and its share of the matrix-product peak,
+    # which is the fastest of the products timed before and after the rounds
+    from ppdlx.models import build_model
+    from ppdlx.models.info import model_info
+    peak = r["matmul_peak"]
+    gflop = 2 * model_info(build_model("resnet18_bottleneck_tiny", num_classes=3), 32)["macs"] / 1e9
+    assert peak["model_gflop_per_image"] == pytest.approx(gflop, rel=1e-12) and gflop > 0
+    timings = peak["before"]["timings"] + peak["after"]["timings"]
+    assert {t["library"] for t in timings} >= {"numpy"}
+    assert all(t["size"] == 256 and t["threads"] == 2 for t in timings)
+    assert all(t["gflop_per_s"] == pytest.approx(2 * 256 ** 3 / (t["median_ms"] / 1e3) / 1e9) for t in timings)
+    assert peak["gflop_per_s"] == max(t["gflop_per_s"] for t in timings)
+    for (name, bs), row in rows.items():
+        assert row["gflop_per_s"] == pytest.approx(gflop * bs / (row["median_ms"] / 1e3))
+        assert row["of_matmul_peak"] == pytest.approx(row["gflop_per_s"] / peak["gflop_per_s"])
+    assert sum(n.startswith("matmul peak: ") for n in r["notes"]) == 1
     # the machine: CPU model, vendor, flags that matter, cores; libraries; thread settings
     here = cpu_features()
     machine = r["machine"]
@@ -137,9 +153,13 @@ def test_profile_splits_each_batch_into_convolutions_other_kernels_and_the_rest(
     proc = _tool("-c", "configs/demo/rn50_demo.yaml", "-o", "model.name=resnet18_bottleneck_tiny",
                  "model.num_classes=3", f"global.output_dir={tmp_path / 'out'}", "--resolution", "32",
                  "--batch-sizes", "1,2", "--rounds", "1", "--steps", "4", "--warmup", "2", "--threads", "1",
-                 "--runtimes", "paddle-cpu fp32,onnxruntime fp32", "--profile", "--report", str(report))
+                 "--runtimes", "paddle-cpu fp32,onnxruntime fp32", "--profile", "--matmul-size", "0",
+                 "--report", str(report))
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(report.read_text())
+    # --matmul-size 0: no peak timed, no GFLOP/s columns
+    assert r["matmul_peak"]["gflop_per_s"] is None and r["matmul_peak"]["before"] is None
+    assert not any("gflop_per_s" in row for row in r["rows"])
     convs = sum(isinstance(layer, paddle.nn.Conv2D)
                 for layer in build_model("resnet18_bottleneck_tiny", num_classes=3).sublayers())
     assert convs > 5
@@ -157,6 +177,12 @@ def test_profile_splits_each_batch_into_convolutions_other_kernels_and_the_rest(
     lines = [n for n in r["notes"] if n.startswith("profile bs 2: paddle-cpu fp32 ")]
     assert len(lines) == 1 and "convolutions / onnxruntime fp32's: " in lines[0]
     assert " without either profiler's cost" in lines[0]
+
+
+def test_matmul_timing_of_an_unknown_library_is_refused_before_any_process():
+    from ppdlx.benchmarks.matmul_peak import time_matmul
+    with pytest.raises(ValueError, match="library 'blis': choose from numpy, torch"):
+        time_matmul("blis", 1)
 
 
 def test_convolution_ratio_bounds_take_out_each_profilers_cost():
