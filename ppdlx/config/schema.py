@@ -168,6 +168,7 @@ class DaliConfig(Section):
     device: Literal["cpu", "gpu"] = "cpu"
     num_threads: int = Field(2, ge=1)
     prefetch_queue_depth: int = Field(2, ge=1)
+    # the training batches' dtype (float16 feeds an amp.dtype=float16 run on GPU); validation is float32
     output_dtype: Literal["float32", "float16"] = "float32"
     pad_output: bool = False
     # A file DALI cannot decode: "skip" = warn once and leave it out (as the paddle.io path),

@@ -46,7 +46,7 @@ _INTERP = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
 _DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16}
 
 
-def _graph(feed, t, dali_cfg, data_format, training_random: bool):
+def _graph(feed, t, dali_cfg, data_format, training_random: bool, output_dtype: str):
     """The DALI graph (traced inside a ``pipeline_def``)."""
     gpu = dali_cfg.device == "gpu"
     decode_dev, op_dev = ("mixed", "gpu") if gpu else ("cpu", "cpu")
@@ -72,7 +72,7 @@ def _graph(feed, t, dali_cfg, data_format, training_random: bool):
         images = fn.decoders.image(jpegs, device=decode_dev, output_type=types.RGB, **dec_kw)
         images = fn.resize(images, device=op_dev, resize_shorter=t.resize_short, interp_type=interp)
     images = fn.crop_mirror_normalize(
-        images, device=op_dev, dtype=_DTYPE[dali_cfg.output_dtype],
+        images, device=op_dev, dtype=_DTYPE[output_dtype],
         output_layout="CHW" if data_format == "NCHW" else "HWC", crop=(crop, crop), mean=list(t.mean),
         std=list(t.std), mirror=mirror, pad_output=dali_cfg.pad_output, out_of_bounds_policy="pad")
     if gpu:
@@ -120,7 +120,10 @@ class DaliLoader(FedDaliLoader):
         return len(self.files)
 
     def _graph(self):
-        return _graph(self._feed, self.transforms, self.dali_cfg, self.data_format, self.draws_randomly)
+        # data.dali.output_dtype is the training batches' dtype: evaluation runs the float32 weights a
+        # checkpoint holds, without autocast, so validation batches stay float32.
+        dtype = self.dali_cfg.output_dtype if self.training else "float32"
+        return _graph(self._feed, self.transforms, self.dali_cfg, self.data_format, self.draws_randomly, dtype)
 
     def _batch(self, outputs):
         images, labels = outputs

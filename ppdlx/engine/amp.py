@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import paddle
 
-from ppdlx.errors import UnsupportedError
+from ppdlx.errors import ConfigError, UnsupportedError
 
 log = logging.getLogger("ppdlx.amp")
 
@@ -42,6 +42,26 @@ def bf16_autocast_works_on_cpu() -> bool:
         except Exception:  # noqa: BLE001 - any failure means "not usable"
             return False
     return y.dtype == paddle.bfloat16
+
+
+def check_image_dtype(data_cfg, plan: AmpPlan, graph: str) -> None:
+    """``data.dali.output_dtype: float16`` (the training batches of the classification DALI
+    pipeline) feeds a float16 AMP forward; anywhere else the first convolution would meet float16
+    images with float32 (or bf16) weights and fail deep inside Paddle, so it is one line here."""
+    if data_cfg.backend != "dali" or data_cfg.dali.output_dtype != "float16":
+        return
+    if data_cfg.dataset != "image_folder":
+        raise ConfigError(f"data.dali.output_dtype=float16: the {data_cfg.dataset} DALI pipeline yields float32 "
+                          f"images (its boxes are scaled in float32); set data.dali.output_dtype=float32")
+    if not (plan.enabled and plan.dtype == "float16"):
+        runs = (f"{plan.dtype} autocast" if plan.enabled else
+                "float32 with bfloat16 convolutions" if plan.cpu_bf16_convs else "float32")
+        raise ConfigError(f"data.dali.output_dtype=float16: this run's forward is {runs}, and float16 images would "
+                          f"meet its weights in the first convolution; set amp.enabled=true amp.dtype=float16 "
+                          f"(GPU) or data.dali.output_dtype=float32")
+    if graph == "static":
+        raise UnsupportedError("data.dali.output_dtype=float16 with train.graph=static: the static program's images "
+                               "input is float32; set data.dali.output_dtype=float32 or train.graph=dynamic")
 
 
 def plan_amp(amp_cfg, device: str, fast_cpu_kernels: bool = False, cpu_threads: int = 1) -> AmpPlan:

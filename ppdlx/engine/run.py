@@ -23,7 +23,7 @@ from ppdlx.config import save_config
 from ppdlx.data.coco_index import sharing_indexes
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine import hooks as std
-from ppdlx.engine.amp import build_scaler, decorate_o2, plan_amp
+from ppdlx.engine.amp import build_scaler, check_image_dtype, decorate_o2, plan_amp
 from ppdlx.engine.analysis import write_analysis
 from ppdlx.engine.builders import count_params, seed_everything
 from ppdlx.engine.cpu_kernels import use_fast_cpu_kernels
@@ -89,6 +89,7 @@ def _assemble_training(cfg, hooks, amp, task, env, resume_path) -> Trainer:
         plan = RunPlan(env.rank, env.world_size, env.device, env.cpu_threads, graph,
                        "dygraph" if graph == "dynamic" else _static_ir(), data_format, fast_kernels, amp, preprocess)
         run_cfg = plan.configure(resolved)
+        check_image_dtype(cfg.data, amp, graph)
         if amp.note:
             log.info(amp.note)
         # Same initial weights on every rank; per-rank streams for dropout/drop-path afterwards.

@@ -151,6 +151,19 @@ def test_nhwc_float16_pad_output(tree):
     _decode_ids(images, labels, layout="NHWC")
 
 
+def test_float16_output_is_for_training_batches_validation_stays_float32(tree):
+    """Evaluation runs the float32 weights a checkpoint holds, without autocast (on GPU too), so the
+    val split ignores data.dali.output_dtype and yields the same float32 batches either way."""
+    root, _ = tree
+    half, full = (build_classification_loader(_cfg(root, f"data.dali.output_dtype={dtype}"), "val")
+                  for dtype in ("float16", "float32"))
+    batches = [(a, b) for (a, _), (b, _) in zip(half, full)]
+    assert len(batches) == 6 and all(a.dtype == b.dtype == paddle.float32 for a, b in batches)
+    assert max(float((a - b).abs().max()) for a, b in batches) == 0.0
+    images, _ = next(iter(build_classification_loader(_cfg(root, "data.dali.output_dtype=float16"), "train")))
+    assert images.dtype == paddle.float16
+
+
 def test_train_shards_are_disjoint(tree):
     root, _ = tree
     per_rank = []
