@@ -38,10 +38,14 @@ def main():
     parser.add_argument("--verify-only", action="store_true",
                         help="verify the export already in --output-dir instead of exporting")
     parser.add_argument("--threads", type=int, help="CPU threads of the verify predictors (default: usable cores)")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="export without model.weights: random initial values (speed tests; inference.yml "
+                             "says so)")
     args = parser.parse_args()
     cfg = load(args)
     from ppdlx.errors import ConfigError
     from ppdlx.export import export_model, read_labels
+    from ppdlx.export.api import require_weights
     if args.verify_only and not args.verify:
         args.verify = "val"
     if args.verify_only:
@@ -50,6 +54,7 @@ def main():
             raise ConfigError("--verify-only: give --output-dir (the export directory to verify)")
         report = {"model_dir": output_dir}
     else:
+        require_weights(cfg, args.random_weights, "export")
         labels = read_labels(args.labels, cfg.model.num_classes) if args.labels else None
         report = export_model(cfg, output_dir=args.output_dir, onnx=args.onnx, labels=labels, fmt=args.format,
                               check=not args.no_check, atol=args.atol, rtol=args.rtol,

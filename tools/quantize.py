@@ -40,11 +40,15 @@ def main():
                              "many rounds (each runtime in a fresh process per round, order alternating)")
     parser.add_argument("--benchmark-batch-sizes", default="1,8")
     parser.add_argument("--benchmark-threads", type=int, help="threads of every timed runtime (default: usable cores)")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="quantise without model.weights: random initial values (int8 speed tests)")
     args = parser.parse_args()
     cfg = load(args)
 
     from ppdlx.errors import ConfigError, UnsupportedError
     from ppdlx.export import export_model, read_labels
+    from ppdlx.export.api import require_weights
+    require_weights(cfg, args.random_weights, "quantise")
     from ppdlx.quantization import check_output_dir, labelled_images, list_images, quantize
     list_images(args.calib_images)  # a missing or empty directory is one line now, not after the export
     from ppdlx.export.files import ensure_output_dir

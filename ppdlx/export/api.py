@@ -109,6 +109,15 @@ def model_in_layout(cfg, weights: Optional[str], model=None):
     return model
 
 
+def require_weights(cfg, random_weights: bool, what: str) -> None:
+    """The export tools deploy ``model.weights``; without it they would deploy random initial values
+    that predict nothing, so they ask for it unless random weights are asked for (speed tests)."""
+    if not cfg.model.weights and not random_weights:
+        raise ConfigError(f"model.weights is not set: pass -o model.weights=<checkpoint prefix> (trained, or "
+                          f"converted by tools/convert_weights.py), or --random-weights to {what} randomly "
+                          f"initialised weights (speed tests)")
+
+
 def build_trained_model(cfg, weights: Optional[str]):
     """The configured model with ``weights`` loaded, in eval mode: what export saves and what
     ``--verify`` compares the export with. Built by the config's task plug-in, as training and
@@ -203,6 +212,7 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     if onnx and data_format == "NHWC":
         raise UnsupportedError("--onnx: paddle2onnx cannot convert NHWC convolutions; leave export.data_format at "
                                "NCHW (the same weights) for ONNX")
+    given_model = model
     model = model_in_layout(cfg, weights, model)
     model.eval()
     num_classes = int(getattr(model, "num_classes", cfg.model.num_classes))
@@ -249,7 +259,8 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     meta = M.build_meta(family=spec["family"], name=cfg.model.name, num_classes=num_classes, data_format=data_format,
                         files=files, inputs=inputs, outputs=outputs, preprocess=spec["preprocess"],
                         postprocess=graph.postprocess, labels=labels, tensorrt=tensorrt,
-                        onnx_file=os.path.basename(target.file) if target else None, extra=extra or None)
+                        onnx_file=os.path.basename(target.file) if target else None, extra=extra or None,
+                        random_weights=given_model is None and not weights)
     report["meta_file"] = M.write_meta(output_dir, meta)
     report["seconds"] = round(time.time() - started, 2)
     return report

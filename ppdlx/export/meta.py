@@ -4,7 +4,8 @@ does not import ppdlx) and documented in ``deploy/README.md``.
 Schema (``ppdlx_inference: 1``)::
 
     model:      family (classification|detection), name, num_classes, data_format,
-                format (pir|program), model_file, params_file, [onnx_file], paddle_version
+                format (pir|program), model_file, params_file, [onnx_file], paddle_version,
+                [random_weights: true (exported without model.weights: predictions mean nothing)]
     inputs:     [{name, shape (-1 = dynamic batch), dtype, layout, role}]
     outputs:    [{name, role}]    roles: logits|probabilities  or  boxes|scores|classes|count
     preprocess: classification: {type: resize_short_center_crop, resize_short, crop_size,
@@ -88,7 +89,8 @@ def detection_preprocess(transforms, size: int) -> dict:
 
 def build_meta(*, family: str, name: str, num_classes: int, data_format: str, files, inputs: List[dict],
                outputs: List[dict], preprocess: dict, postprocess: dict, labels: Optional[Sequence[str]],
-               tensorrt: dict, onnx_file: Optional[str] = None, extra: Optional[dict] = None) -> dict:
+               tensorrt: dict, onnx_file: Optional[str] = None, extra: Optional[dict] = None,
+               random_weights: bool = False) -> dict:
     import paddle
     meta = {
         "ppdlx_inference": SCHEMA_VERSION,
@@ -111,6 +113,8 @@ def build_meta(*, family: str, name: str, num_classes: int, data_format: str, fi
     }
     if onnx_file:
         meta["model"]["onnx_file"] = onnx_file
+    if random_weights:
+        meta["model"]["random_weights"] = True
     if extra:
         meta.update(extra)
     return meta

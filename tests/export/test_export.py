@@ -322,7 +322,7 @@ def test_efficientdet_legacy_export_is_refused_in_one_line_naming_the_op(tmp_pat
     # ValueError ("sum(): argument (position 1) must be Value, but got None").
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "export_model.py"), "-c",
                            "configs/demo/efficientdet_demo.yaml", "--format", "program", "--no-check",
-                           "--output-dir", str(tmp_path / "legacy")], capture_output=True, text=True, cwd=ROOT,
+                           "--random-weights", "--output-dir", str(tmp_path / "legacy")], capture_output=True, text=True, cwd=ROOT,
                           timeout=600)
     assert proc.returncode == 3, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -330,3 +330,39 @@ def test_efficientdet_legacy_export_is_refused_in_one_line_naming_the_op(tmp_pat
                       f".pdmodel (its API takes PIR values only); export the default PIR .json (--format pir), "
                       f"which deploy --backend trt runs through paddle.tensorrt"]
     assert "Traceback" not in proc.stderr
+
+
+def test_export_tools_ask_for_weights_and_a_random_export_says_so_in_deploy(tmp_path):
+    """Without model.weights the export tools would deploy random initial values: they stop in one
+    line unless --random-weights is given; such an export is marked in inference.yml and deploy's
+    infer.py says its predictions mean nothing. A weighted export carries no mark."""
+    tool = os.path.join(ROOT, "tools", "export_model.py")
+    common = ["-c", "configs/demo/rn50_demo.yaml", "-o", "model.name=resnet18_bottleneck_tiny", "model.num_classes=3",
+              "data.transforms.crop_size=32", "data.transforms.resize_short=36", f"global.output_dir={tmp_path}"]
+    out = tmp_path / "random"
+    for script, extra in ((tool, ["--output-dir", str(out)]),
+                          (os.path.join(ROOT, "tools", "quantize.py"),
+                           ["--calib-images", str(tmp_path), "--output-dir", str(tmp_path / "int8")])):
+        proc = subprocess.run([sys.executable, script, *common, *extra], capture_output=True, text=True, timeout=300,
+                              cwd=ROOT)
+        what = "export" if script == tool else "quantise"
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"error: model.weights is not set: pass -o model.weights=<checkpoint prefix> (trained, or converted by "
+            f"tools/convert_weights.py), or --random-weights to {what} randomly initialised weights (speed tests)")
+    assert not out.exists() and not (tmp_path / "int8").exists()
+    proc = subprocess.run([sys.executable, tool, *common, "--output-dir", str(out), "--random-weights"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert read_meta(str(out))["model"]["random_weights"] is True
+    image = tmp_path / "one.png"
+    Image.new("RGB", (40, 36), (200, 30, 60)).save(image)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "deploy", "python", "infer.py"), "--model-dir", str(out),
+                           "--input", str(image)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ("# inference.yml: exported without model.weights (randomly initialised weights): the predictions mean "
+            "nothing; re-export with -o model.weights=<checkpoint prefix>") in proc.stderr.splitlines()
+    cfg = load_config(None, [*common[3:], "model.weights=" + str(tmp_path / "w")])
+    paddle.save(build_model(cfg).state_dict(), str(tmp_path / "w.pdparams"))
+    weighted = export_model(cfg, output_dir=str(tmp_path / "weighted"), check=False)
+    assert "random_weights" not in read_meta(weighted["model_dir"])["model"]

@@ -198,6 +198,9 @@ def main(argv=None) -> int:
                                  **plan_options(args))
     for note in predictor.plan["notes"]:
         print(f"# {note}", file=sys.stderr)
+    if meta["model"].get("random_weights"):
+        print("# inference.yml: exported without model.weights (randomly initialised weights): the predictions "
+              "mean nothing; re-export with -o model.weights=<checkpoint prefix>", file=sys.stderr)
     if not meta.get("labels"):
         print("# inference.yml has no labels: classes are shown by index (re-export with --labels FILE)",
               file=sys.stderr)
