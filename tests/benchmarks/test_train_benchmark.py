@@ -80,3 +80,22 @@ def test_torch_worker_trains_in_its_own_process():
         worker.close()
     assert all(0 < s < 60 for s in seconds)
     assert worker.facts["torch_threads"] == 1 and worker.proc.returncode == 0
+
+
+def test_ppdlx_fp32_case_is_the_same_trainer_with_amp_off(tmp_path):
+    """``--cases ppdlx,ppdlx-fp32``: what bf16 buys, measured against the same trainer in float32,
+    which writes to its own output directory. Where the CPU has bf16 hardware the ppdlx case is
+    forced onto bf16 convolutions (``amp.cpu_bf16=true``); elsewhere both plans are float32."""
+    import os
+
+    from ppdlx.cpu_features import cpu_features, has_bf16
+    bf16 = has_bf16(cpu_features())
+    cfg = _cfg(tmp_path).replace({"amp.enabled": True, "amp.dtype": "bfloat16", "amp.cpu_bf16": bf16,
+                                  "global.output_dir": str(tmp_path / "run")})
+    plans = []
+    rows = measure(cfg, steps=2, warmup=1, rounds=1, cases=("ppdlx", "ppdlx-fp32"), plans_out=plans)
+    assert [r["case"] for r in rows] == ["ppdlx", "ppdlx-fp32"] and all(r["steps"] == 2 for r in rows)
+    assert len(plans) == 2 and plans[1].startswith("ppdlx-fp32: plan: ") and plans[1].endswith("amp off (float32)")
+    expected = "amp bfloat16 convolutions (oneDNN, float32 master weights)" if bf16 else "amp off (float32)"
+    assert plans[0].startswith("ppdlx: plan: ") and plans[0].endswith(expected)
+    assert os.path.isdir(tmp_path / "run") and os.path.isdir(tmp_path / "run_fp32")
