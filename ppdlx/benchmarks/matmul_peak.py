@@ -15,7 +15,6 @@ import subprocess
 import sys
 from typing import List, Optional
 
-REPLY_PREFIX = "PPDLX_MATMUL "
 # Large enough that packing and thread start-up are lost in a product (at 2048 the rate still
 # varied with the library and the run).
 DEFAULT_SIZE = 4096
@@ -48,8 +47,8 @@ for _ in range(repeats):
     times.append(time.perf_counter() - start)
 times.sort()
 median = times[len(times) // 2]
-print("PPDLX_MATMUL " + json.dumps({"library": library, "detail": detail, "size": size, "threads": threads,
-                                     "median_ms": median * 1e3, "gflop_per_s": 2.0 * size ** 3 / median / 1e9}))
+print(json.dumps({"library": library, "detail": detail, "size": size, "threads": threads,
+                  "median_ms": median * 1e3, "gflop_per_s": 2.0 * size ** 3 / median / 1e9}))
 """
 
 
@@ -70,12 +69,10 @@ def time_matmul(library: str, threads: int, size: int = DEFAULT_SIZE, repeats: i
         child_env[key] = str(threads)
     proc = subprocess.run([sys.executable, "-c", WORKER_CODE, library, str(size), str(repeats), str(threads)],
                           capture_output=True, text=True, env=child_env, timeout=timeout)
-    replies = [line for line in proc.stdout.splitlines() if line.startswith(REPLY_PREFIX)]
-    if proc.returncode != 0 or not replies:
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        raise RuntimeError(f"matmul timing with {library} exited with code {proc.returncode}: "
-                           f"{lines[-1] if lines else 'no output'}")
-    return json.loads(replies[-1][len(REPLY_PREFIX):])
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"matmul timing with {library} exited with code {proc.returncode}: {last}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # the worker's last line is its reply
 
 
 def matmul_peak(threads: int, size: int = DEFAULT_SIZE, repeats: int = 5,
