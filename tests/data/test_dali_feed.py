@@ -22,7 +22,7 @@ def _classification_graph(training_random):
                                                    "model.num_classes=3"]))
     feed = EpochFeed(["/unused.jpg"], [0], 2)
     return _serialised(lambda: classification._graph(feed, cfg.data.transforms, cfg.data.dali, "NCHW",
-                                                     training_random))
+                                                     training_random, "float32"))
 
 
 def _coco_graph(training_random):
