@@ -221,9 +221,15 @@ def _pairs(names: list, reference: str) -> list:
     return pairs
 
 
+def ratio_text(value: float) -> str:
+    """A ratio to 3 decimals, or 4 where 3 would print 1.000 for a ratio on one side of 1."""
+    text = f"{value:.3f}"
+    return f"{value:.4f}" if text == "1.000" and value != 1.0 else text
+
+
 def _range(stats: dict) -> str:
     rounds = f"{stats['n']} round" + ("s" if stats["n"] != 1 else "")
-    return (f"{stats['median']:.3f} (median of {rounds}; range {stats['min']:.3f}-{stats['max']:.3f}, "
+    return (f"{ratio_text(stats['median'])} (median of {rounds}; range {stats['min']:.3f}-{stats['max']:.3f}, "
             f"quartiles {stats['q1']:.3f}-{stats['q3']:.3f})")
 
 

@@ -179,6 +179,12 @@ def test_profile_splits_each_batch_into_convolutions_other_kernels_and_the_rest(
     assert " without either profiler's cost" in lines[0]
 
 
+def test_a_ratio_next_to_1_shows_which_side_it_is_on():
+    from ppdlx.benchmarks.infer import ratio_text
+    assert [ratio_text(x) for x in (1.0004, 0.9996, 1.0, 1.0123, 0.8861)] == ["1.0004", "0.9996", "1.000", "1.012",
+                                                                              "0.886"]
+
+
 def test_matmul_timing_of_an_unknown_library_is_refused_before_any_process():
     from ppdlx.benchmarks.matmul_peak import time_matmul
     with pytest.raises(ValueError, match="library 'blis': choose from numpy, torch"):
