@@ -10,10 +10,11 @@ the fastest is the peak.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
-from typing import List, Optional
 
 # Large enough that packing and thread start-up are lost in a product (at 2048 the rate still
 # varied with the library and the run).
@@ -52,19 +53,12 @@ print(json.dumps({"library": library, "detail": detail, "size": size, "threads":
 """
 
 
-def _installed(library: str) -> bool:
-    import importlib.util
-    return importlib.util.find_spec(library) is not None
-
-
-def time_matmul(library: str, threads: int, size: int = DEFAULT_SIZE, repeats: int = 5, env: Optional[dict] = None,
-                timeout: float = 600) -> dict:
+def time_matmul(library: str, threads: int, size: int = DEFAULT_SIZE, repeats: int = 5, timeout: float = 600) -> dict:
     """One fresh process times ``repeats`` float32 ``size`` x ``size`` products with ``library``
     on ``threads`` threads; returns its reply (``gflop_per_s`` from the median product)."""
-    import os
     if library not in LIBRARIES:
         raise ValueError(f"matmul timing: library {library!r}: choose from {', '.join(LIBRARIES)}")
-    child_env = dict(os.environ, **(env or {}))
+    child_env = dict(os.environ)
     for key in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         child_env[key] = str(threads)
     proc = subprocess.run([sys.executable, "-c", WORKER_CODE, library, str(size), str(repeats), str(threads)],
@@ -75,11 +69,10 @@ def time_matmul(library: str, threads: int, size: int = DEFAULT_SIZE, repeats: i
     return json.loads(proc.stdout.strip().splitlines()[-1])  # the worker's last line is its reply
 
 
-def matmul_peak(threads: int, size: int = DEFAULT_SIZE, repeats: int = 5,
-                libraries: Optional[List[str]] = None, env: Optional[dict] = None) -> dict:
+def matmul_peak(threads: int, size: int = DEFAULT_SIZE, repeats: int = 5) -> dict:
     """``{"gflop_per_s": best rate, "by": library of that rate, "timings": [...]}`` over the
-    :data:`LIBRARIES` installed here (``libraries`` to choose)."""
-    timings = [time_matmul(lib, threads, size, repeats, env) for lib in (libraries or LIBRARIES) if _installed(lib)]
+    :data:`LIBRARIES` installed here."""
+    timings = [time_matmul(lib, threads, size, repeats) for lib in LIBRARIES if importlib.util.find_spec(lib)]
     if not timings:
         raise RuntimeError(f"no BLAS library to time a matrix product with: install one of {', '.join(LIBRARIES)}")
     best = max(timings, key=lambda t: t["gflop_per_s"])
