@@ -64,10 +64,9 @@ def prune(args):
     from ppdlx.engine import dist
     from ppdlx.engine.builders import build_model, count_params
     from ppdlx.engine.preprocess_cfg import resolve_preprocessing
-    from ppdlx.models.info import config_resolution
+    from ppdlx.models.info import config_resolution, model_info
     from ppdlx.engine.run import train
     from ppdlx.sparsity import ASPHook, check_path, raise_on_violation
-    from ppdlx.sparsity.flops import layer_macs
     from ppdlx.sparsity.report import add_flops, format_table, summarize, summary_lines
     hook = ASPHook.from_config(cfg.asp)
     report = train(cfg, hooks=[hook])
@@ -78,7 +77,7 @@ def prune(args):
         raise UnsupportedError(f"prune_asp: the {cfg.data.dataset} trainer did not run the ASP hook (before_train)")
     rows = hook.layer_report()
     fresh = build_model(cfg)  # a dynamic copy of the architecture (the trained one may be a static program)
-    macs = layer_macs(fresh, config_resolution(resolve_preprocessing(cfg), fresh.default_cfg))
+    macs = model_info(fresh, config_resolution(resolve_preprocessing(cfg), fresh.default_cfg))["macs_by_layer"]
     add_flops(rows, macs)
     summary = summarize(rows, count_params(fresh), macs, hook.rules.n, hook.rules.m)
     print(format_table(rows))

@@ -13,12 +13,14 @@ every sub-layer:
   ``[C_out, C_in/groups, k_h, k_w]``, so depthwise and grouped convs are counted right),
   transposed conv ``in_elements * (C_out / groups) * k_h * k_w``, linear
   ``out_elements * in_features``. Biases are not counted.
+* ``macs_by_layer``: the same MACs per named conv / linear layer (summed over its calls), which
+  the ASP report (``tools/prune_asp.py``) turns into FLOP shares.
 * ``params``: every parameter (trainable or frozen) except BN running mean/variance (paddle keeps
   them as non-trainable parameters; PyTorch as buffers): ResNet50 = 25,557,032 as torchvision.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import paddle
@@ -62,12 +64,14 @@ def count_params(model) -> int:
     return int(sum(int(np.prod([int(d) for d in p.shape])) for p in model.parameters() if id(p) not in stats))
 
 
-def model_info(model, resolution: int, data_format: str = "NCHW", in_channels: int = 3) -> Dict[str, Any]:
-    """``{"params", "macs", "resolution", "layers"}`` for one image at ``resolution``."""
+def model_info(model, resolution: int, data_format: Optional[str] = None, in_channels: int = 3) -> Dict[str, Any]:
+    """``{"params", "macs", "resolution", "output_shape", "layers", "macs_by_layer"}`` for one image
+    at ``resolution``, fed in ``data_format`` (default: the model's own ``data_format``, else NCHW)."""
+    data_format = data_format or getattr(model, "data_format", "NCHW")
     names = {id(layer): name for name, layer in model.named_sublayers()}
     layers: List[dict] = []
     pending: Dict[int, List[dict]] = {}
-    macs = [0]
+    macs_by_layer: Dict[str, int] = {}
     handles = []
 
     def pre_hook(layer, inputs):
@@ -78,7 +82,9 @@ def model_info(model, resolution: int, data_format: str = "NCHW", in_channels: i
     def post_hook(layer, inputs, output):
         entry = pending[id(layer)].pop()
         entry["out_shape"] = _shapes(output)
-        macs[0] += layer_macs(layer, inputs, output)
+        count = layer_macs(layer, inputs, output)
+        if count:
+            macs_by_layer[entry["name"]] = macs_by_layer.get(entry["name"], 0) + count
 
     for _, layer in model.named_sublayers():
         handles.append(layer.register_forward_pre_hook(pre_hook))
@@ -95,8 +101,8 @@ def model_info(model, resolution: int, data_format: str = "NCHW", in_channels: i
             h.remove()
         if was_training:
             model.train()
-    return {"params": count_params(model), "macs": int(macs[0]), "resolution": int(resolution),
-            "output_shape": _shapes(output), "layers": layers}
+    return {"params": count_params(model), "macs": int(sum(macs_by_layer.values())), "resolution": int(resolution),
+            "output_shape": _shapes(output), "layers": layers, "macs_by_layer": macs_by_layer}
 
 
 def config_resolution(cfg, default_cfg: dict) -> int:

@@ -51,6 +51,27 @@ def test_grouped_and_depthwise_convs_and_nhwc():
     assert nhwc["macs"] == nchw["macs"] and nhwc["layers"][0]["out_shape"] == [1, 16, 16, 16]
 
 
+def test_macs_by_layer_names_each_conv_and_linear_and_sums_to_the_total():
+    model = paddle.nn.Sequential(paddle.nn.Conv2D(4, 8, 3, stride=2, padding=1), paddle.nn.ReLU(),
+                                 paddle.nn.Flatten(), paddle.nn.Linear(8 * 8 * 8, 10))
+    info = model_info(model, 16, in_channels=4)
+    assert info["macs_by_layer"] == {"0": 8 * 8 * 8 * 4 * 3 * 3, "3": 512 * 10}
+    assert info["macs"] == sum(info["macs_by_layer"].values())
+
+
+def test_a_shared_layer_is_counted_once_per_call():
+    class Twice(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.conv = paddle.nn.Conv2D(3, 3, 1)
+
+        def forward(self, x):
+            return self.conv(self.conv(x))
+
+    info = model_info(Twice(), 8)
+    assert info["macs_by_layer"] == {"conv": 2 * 8 * 8 * 3 * 3}
+
+
 def test_detection_lists_every_level():
     info = model_info(MODELS.build("efficientdet_d0", num_classes=3, image_size=128), 128)
     cls_shapes, box_shapes = info["output_shape"]

@@ -12,7 +12,6 @@ import pytest
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.models import build_model
 from ppdlx.sparsity import ASPHook, SparsityCheckError, check_path, raise_on_violation
-from ppdlx.sparsity.flops import layer_macs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "tools", "prune_asp.py")
@@ -83,13 +82,6 @@ def test_check_exported_model(ckpts, tmp_path):
     assert result["violations"] == 1 and result["first_violation"].startswith(w.name + " ")
     with pytest.raises(SparsityCheckError, match=w.name):
         raise_on_violation(result)
-
-
-def test_layer_macs():
-    model = paddle.nn.Sequential(paddle.nn.Conv2D(4, 8, 3, stride=2, padding=1), paddle.nn.Flatten(),
-                                 paddle.nn.Linear(8 * 8 * 8, 10))
-    macs = layer_macs(model, 16, in_channels=4, data_format="NCHW")
-    assert macs == {"0": 8 * 8 * 8 * 4 * 3 * 3, "2": 512 * 10}
 
 
 def test_prune_and_finetune_cli(ckpts, tmp_path):
