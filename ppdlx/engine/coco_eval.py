@@ -31,29 +31,39 @@ log = logging.getLogger("ppdlx.eval")
 STAT_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 
 
+def clip_to_image(boxes, width: float, height: float):
+    """``(boxes [K, 4] x1y1x2y2 clipped to the image, has_area [K])``: the post-processing clips to the
+    network input, whose padding lies beyond the image's shorter side; a box left with no width or
+    height lay wholly in the padding and cannot cover an object (COCO would count it as a false
+    positive), so callers drop it."""
+    boxes = np.asarray(boxes).reshape(-1, 4)
+    boxes = boxes if boxes.dtype.kind == "f" else boxes.astype(np.float32)
+    boxes = np.clip(boxes, boxes.dtype.type(0), np.asarray([width, height, width, height], boxes.dtype))
+    return boxes, (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+
+
 def detections_to_coco(image_ids, boxes, scores, classes, counts, cat_ids, image_sizes=None) -> list:
     """Post-processed batch -> COCO result dicts.
 
     ``boxes [N, D, 4]`` x1y1x2y2 in original pixels, ``scores [N, D]``, ``classes [N, D]`` 0-based
     (-1 padding), ``counts [N]``; ``cat_ids[label]`` is the dataset's category id. With ``image_sizes``
-    (image id -> ``(width, height)``) boxes are clipped to their image: the post-processing clips to the
-    network input, whose padding lies beyond the image's shorter side.
+    (image id -> ``(width, height)``) boxes are clipped to their image and those left with no area
+    dropped (:func:`clip_to_image`).
     """
     out = []
     boxes, scores, classes = np.asarray(boxes), np.asarray(scores), np.asarray(classes)
+    counts = np.asarray(counts).reshape(-1)
     for i, image_id in enumerate(np.asarray(image_ids).reshape(-1).tolist()):
+        n = int(counts[i])
         size = (image_sizes or {}).get(int(image_id))
-        for j in range(int(np.asarray(counts).reshape(-1)[i])):
-            c = int(classes[i, j])
-            if c < 0:
-                continue
-            x1, y1, x2, y2 = (float(v) for v in boxes[i, j])
-            if size is not None:
-                x1, x2 = (min(max(v, 0.0), float(size[0])) for v in (x1, x2))
-                y1, y2 = (min(max(v, 0.0), float(size[1])) for v in (y1, y2))
+        image_boxes, keep = boxes[i, :n], np.ones(n, bool)
+        if size is not None:
+            image_boxes, keep = clip_to_image(image_boxes, *size)
+        for j in np.flatnonzero(keep & (classes[i, :n] >= 0)).tolist():
+            x1, y1, x2, y2 = (float(v) for v in image_boxes[j])
             if not all(np.isfinite((x1, y1, x2, y2, float(scores[i, j])))):
                 continue  # an untrained head can decode to inf; COCO cannot score it
-            out.append({"image_id": int(image_id), "category_id": int(cat_ids[c]),
+            out.append({"image_id": int(image_id), "category_id": int(cat_ids[int(classes[i, j])]),
                         "bbox": [round(x1, 3), round(y1, 3), round(x2 - x1, 3), round(y2 - y1, 3)],
                         "score": round(float(scores[i, j]), 5)})
     return out

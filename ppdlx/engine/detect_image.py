@@ -18,6 +18,7 @@ from PIL import Image, ImageDraw, ImageFont
 from ppdlx.data.coco import CocoDetection, coco_paths
 from ppdlx.data.transforms import PIL_INTERPOLATION
 from ppdlx.engine import checkpoint as ckpt
+from ppdlx.engine.coco_eval import clip_to_image
 from ppdlx.errors import ConfigError, DataError
 
 PALETTE = [(230, 25, 75), (60, 180, 75), (0, 130, 200), (245, 130, 48), (145, 30, 180), (70, 240, 240),
@@ -87,10 +88,9 @@ class Detector:
         else:
             boxes, scores, classes, count = (t.numpy() for t in self.post(cls_out, box_out, scales))
         n = int(np.asarray(count).reshape(-1)[0])
-        keep = np.asarray(scores[0][:n]) >= self.score_threshold
-        width, height = image.size  # the post-processing clips to the network input, padding included
-        boxes = np.clip(np.asarray(boxes[0][:n][keep]), 0, np.asarray([width, height, width, height], np.float32))
-        return image, boxes, scores[0][:n][keep], classes[0][:n][keep]
+        boxes, has_area = clip_to_image(boxes[0][:n], *image.size)
+        keep = (np.asarray(scores[0][:n]) >= self.score_threshold) & has_area
+        return image, boxes[keep], np.asarray(scores[0][:n])[keep], np.asarray(classes[0][:n])[keep]
 
 
 def _font(size):

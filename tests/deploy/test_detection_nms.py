@@ -117,3 +117,42 @@ def test_detections_are_clipped_to_each_image_as_the_evaluator_clips_its_coco_re
     np.testing.assert_allclose(as_xyxy, clipped[0].reshape(-1, 4), atol=1e-3)
     logits = [np.ones((2, 10), np.float32)]
     assert P.clip_to_images({"model": {"family": "classification"}}, logits, [(5, 5), (5, 5)]) is logits
+
+
+def test_a_box_wholly_in_the_padding_is_dropped_by_the_pipeline_and_the_evaluator_alike():
+    """A 64 x 32 image fills the top of a 64 x 64 input: a box below y = 32 is clipped to no height.
+    ``clip_to_images`` drops it, moves the image's later detections up in score order and shrinks its
+    count; ``detections_to_coco`` (the evaluator) drops the same box, and ``postprocess`` (what the CLI
+    prints) reports the same detections."""
+    from ppdlx.engine.coco_eval import detections_to_coco
+    meta = {"model": {"family": "detection"}, "labels": ["cat", "dog"], "postprocess": {},
+            "outputs": [{"name": "b", "role": "boxes"}, {"name": "s", "role": "scores"},
+                        {"name": "c", "role": "classes"}, {"name": "n", "role": "count"}]}
+    boxes = np.zeros((2, 4, 4), np.float32)
+    boxes[0, :3] = [[2, 2, 20, 20], [5, 40, 30, 60], [10, 5, 40, 31]]      # the middle one is in the padding
+    boxes[1, :2] = [[0, 0, 10, 10], [1, 1, 5, 5]]
+    scores = np.asarray([[0.9, 0.8, 0.7, 0.0], [0.6, 0.5, 0.0, 0.0]], np.float32)
+    classes = np.asarray([[0, 1, 1, -1], [1, 0, -1, -1]], np.int64)
+    counts = np.asarray([3, 2], np.int32)
+    sizes = [(64, 32), (64, 64)]
+    out = P.clip_to_images(meta, [boxes, scores, classes, counts], sizes)
+    assert out[3].tolist() == [2, 2] and out[3].dtype == np.int32
+    np.testing.assert_array_equal(out[0][0, :2], [[2, 2, 20, 20], [10, 5, 40, 31]])
+    assert out[1][0].tolist() == pytest.approx([0.9, 0.7, 0.0, 0.0]) and out[2][0].tolist() == [0, 1, -1, -1]
+    np.testing.assert_array_equal(out[0][1], boxes[1])  # the second image is untouched
+    results = P.postprocess(meta, out, score_threshold=0.0)
+    assert [[(b, lab) for b, _, _, lab in r] for r in results] == [
+        [([2, 2, 20, 20], "cat"), ([10, 5, 40, 31], "dog")], [([0, 0, 10, 10], "dog"), ([1, 1, 5, 5], "cat")]]
+    coco = detections_to_coco([1, 2], boxes, scores, classes, counts, [11, 12], {1: sizes[0], 2: sizes[1]})
+    assert [(r["image_id"], r["bbox"], r["category_id"]) for r in coco] == [
+        (1, [2, 2, 18, 18], 11), (1, [10, 5, 30, 26], 12), (2, [0, 0, 10, 10], 12), (2, [1, 1, 4, 4], 11)]
+
+
+def test_clip_to_images_leaves_a_batch_with_no_empty_box_as_it_was():
+    meta = {"model": {"family": "detection"},
+            "outputs": [{"name": "b", "role": "boxes"}, {"name": "s", "role": "scores"},
+                        {"name": "c", "role": "classes"}, {"name": "n", "role": "count"}]}
+    boxes = np.asarray([[[1, 1, 5, 5], [0, 0, 0, 0]]], np.float32)  # the padding row has no area: not counted
+    outputs = [boxes, np.asarray([[0.5, 0.0]], np.float32), np.asarray([[0, -1]]), np.asarray([1], np.int32)]
+    out = P.clip_to_images(meta, outputs, [(8, 8)])
+    assert all(a is b for a, b in zip(out[1:], outputs[1:])) and np.array_equal(out[0], boxes)

@@ -184,3 +184,11 @@ def test_detections_to_coco_clips_to_the_given_image_sizes():
     unclipped = detections_to_coco(np.asarray([11]), boxes, np.asarray([[0.9, 0.8]]), np.asarray([[0, 2]]),
                                    np.asarray([2]), cat_ids=[2, 5, 9])
     assert unclipped[0]["bbox"] == [-5.0, -7.0, 705.0, 307.0]
+
+
+def test_clip_to_image_keeps_the_dtype_and_flags_boxes_left_without_area():
+    from ppdlx.engine.coco_eval import clip_to_image
+    boxes = np.asarray([[-2.5, 1.0, 70.25, 20.0], [3.0, 33.0, 9.0, 40.0], [5.0, 5.0, 5.0, 9.0]], np.float64)
+    clipped, has_area = clip_to_image(boxes, 64, 32)
+    assert clipped.dtype == np.float64 and clipped.tolist() == [[0, 1, 64, 20], [3, 32, 9, 32], [5, 5, 5, 9]]
+    assert has_area.tolist() == [True, False, False]

@@ -117,15 +117,30 @@ def complete_outputs(meta: dict, backend: str, outputs: List[np.ndarray],
 def clip_to_images(meta: dict, outputs: List[np.ndarray], sizes: Sequence[Tuple[int, int]]) -> List[np.ndarray]:
     """A detection batch's boxes clipped to each image's ``(width, height)``: the graph clips to the
     network input, whose padding lies beyond an image's shorter side (what ppdlx's evaluator clips
-    its COCO results to). Classification outputs are returned as they are."""
+    its COCO results to). A box left with no width or height lay wholly in the padding: it is
+    dropped, the image's later detections move up (score order kept) and its count shrinks, as the
+    evaluator drops it. Classification outputs are returned as they are."""
     if meta["model"]["family"] != "detection":
         return outputs
     roles = [o["role"] for o in meta["outputs"]]
-    at = roles.index("boxes")
+    out = dict(zip(roles, outputs))
     limits = np.asarray([[w, h, w, h] for w, h in sizes], np.float32).reshape(-1, 1, 4)
-    clipped = list(outputs)
-    clipped[at] = np.clip(np.asarray(outputs[at], np.float32), np.float32(0), limits)
-    return clipped
+    boxes = np.clip(np.asarray(out["boxes"], np.float32), np.float32(0), limits)
+    counts = np.asarray(out["count"]).reshape(-1)
+    has_area = (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
+    valid = np.arange(boxes.shape[1])[None, :] < counts[:, None]
+    compacted = {"boxes": boxes}
+    if not has_area[valid].all():
+        scores, classes = np.asarray(out["scores"]), np.asarray(out["classes"])
+        compacted = {"boxes": np.zeros_like(boxes), "scores": np.zeros_like(scores),
+                     "classes": np.full_like(classes, -1), "count": np.zeros_like(np.asarray(out["count"]))}
+        for i in range(len(counts)):
+            kept = np.flatnonzero(has_area[i] & valid[i])
+            compacted["boxes"][i, :len(kept)] = boxes[i, kept]
+            compacted["scores"][i, :len(kept)] = scores[i, kept]
+            compacted["classes"][i, :len(kept)] = classes[i, kept]
+            compacted["count"].reshape(-1)[i] = len(kept)
+    return [compacted.get(role, o) for role, o in zip(roles, outputs)]
 
 
 def postprocess(meta: dict, outputs: List[np.ndarray], topk: int = 5, score_threshold: Optional[float] = None):
