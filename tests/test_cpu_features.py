@@ -1,4 +1,4 @@
-"""CPU detection from /proc/cpuinfo text (ppdlx.cpu_features and deploy's copy ppdlx_deploy.cpu):
+"""CPU detection from /proc/cpuinfo text (ppdlx_deploy.cpu, which ppdlx.cpu_features loads by path):
 the flags that select kernel paths, the cores of this process, and the MKL vendor switch that is
 set only on a non-Intel CPU with avx2 (issue 17)."""
 import os
@@ -62,7 +62,11 @@ def test_amd_avx2_sample_gets_the_mkl_switch_and_no_bf16():
     assert F.mkl_debug_cpu_type_for(F.parse_cpuinfo("")) is None  # unknown CPU: MKL left alone
 
 
-def test_deploy_copy_reads_cpuinfo_like_ppdlx():
+def test_ppdlx_runs_the_deploy_packages_cpu_code_and_reads_cpuinfo_alike():
+    deploy_file = os.path.realpath(D.cpu.__file__)
+    for name in ("parse_cpuinfo", "cpu_features", "thread_environment", "has_bf16", "has_vnni",
+                 "mkl_debug_cpu_type_for"):
+        assert os.path.realpath(getattr(F, name).__code__.co_filename) == deploy_file, name
     for text in (INTEL_AVX512, AMD_AVX2, ""):
         assert D.cpu.parse_cpuinfo(text, usable={0, 1}) == F.parse_cpuinfo(text, usable={0, 1})
         assert D.cpu.mkl_debug_cpu_type_for(D.cpu.parse_cpuinfo(text)) == F.mkl_debug_cpu_type_for(

@@ -1,7 +1,10 @@
-"""What this CPU offers, read from /proc/cpuinfo without importing paddle (deploy's copy of
-``ppdlx.cpu_features``: this package runs without ppdlx; ``tests/test_cpu_features.py`` checks that
-both read the same text alike). Plans pick paths by these flags, never by the vendor name, except
-where a library itself branches on the vendor (MKL's dispatcher, :func:`mkl_debug_cpu_type_for`).
+"""What this CPU offers, read from /proc/cpuinfo without importing paddle. Plans pick paths by these
+flags, never by the vendor name, except where a library itself branches on the vendor (MKL's
+dispatcher, :func:`mkl_debug_cpu_type_for`).
+
+ppdlx reads its CPU features from this file too (``ppdlx.cpu_features`` loads it by path), so it
+may import nothing but the standard library: neither ppdlx, which deploy runs without, nor paddle,
+which must load after the MKL switch.
 """
 from __future__ import annotations
 
