@@ -136,6 +136,36 @@ def test_pir_trt_refuses_an_nhwc_graph(tmp_path):
     assert _plan(dirs["pir"], "paddle-gpu", "fp16")["engine"] == "cuda"
 
 
+class NHWCDepthwiseNet(ConvNet):
+    def __init__(self):
+        super().__init__()
+        self.data_format = "NHWC"
+        self.body = nn.Sequential(nn.Conv2D(3, 8, 3, padding=1, bias_attr=False, data_format="NHWC"),
+                                  nn.Conv2D(8, 8, 3, padding=1, groups=8, bias_attr=False, data_format="NHWC"),
+                                  nn.ReLU(), nn.AdaptiveAvgPool2D(1, data_format="NHWC"), nn.Flatten(), nn.Linear(8, 3))
+
+
+def test_legacy_trt_refuses_an_nhwc_program_whose_ops_the_nhwc_pass_cannot_switch(tmp_path):
+    """trt_support_nhwc_pass turns NHWC conv2d / pool2d / batch_norm / interp / prelu to NCHW and stops
+    with "op not supported" on any other NHWC op with 4-D inputs: a depthwise convolution (GPUNet,
+    EfficientNet) is refused before the predictor is built; the plain NHWC conv net is not."""
+    cfg = load_config(None, ["model.num_classes=3", "data.transforms.crop_size=32", "data.transforms.resize_short=36",
+                             "data.root=/nonexistent", "export.data_format=NHWC"])
+    depthwise, plain = str(tmp_path / "dw"), str(tmp_path / "plain")
+    export_model(cfg, output_dir=depthwise, model=NHWCDepthwiseNet(), fmt="program", check_batch_sizes=(1,))
+    export_model(cfg, output_dir=plain, model=NHWCConvNet(), fmt="program", check_batch_sizes=(1,))
+    model_file = os.path.join(depthwise, "inference.pdmodel")
+    assert T.nhwc_ops_the_pass_cannot_switch(model_file) == ["depthwise_conv2d"]
+    assert T.nhwc_ops_the_pass_cannot_switch(os.path.join(plain, "inference.pdmodel")) == []
+    with pytest.raises(D.UnsupportedError) as err:
+        _plan(depthwise, "trt", "fp16")
+    assert str(err.value) == ("--backend trt: inference.pdmodel is an NHWC program with depthwise_conv2d ops, which "
+                              "Paddle-TRT's trt_support_nhwc_pass cannot turn to NCHW (it stops building the "
+                              "predictor); re-export with -o export.data_format=NCHW (the same weights)")
+    assert _plan(plain, "trt", "fp16")["engine"] == "paddle-trt-subgraph"
+    assert _plan(depthwise, "paddle-gpu", "fp16")["engine"] == "cuda"
+
+
 def test_legacy_export_plan_uses_the_subgraph_engine(exports, tmp_path):
     plan = _plan(exports["program"], "trt", "fp16", batch_size=4, cache_dir=str(tmp_path / "c"))
     assert plan["engine"] == "paddle-trt-subgraph" and plan["pir_trt"] is None

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .config_calls import plan_call
 from .errors import DeployError, UnsupportedError
-from .integrity import file_digest
+from .integrity import file_digest, parse_program_desc
 
 SUBGRAPH = "paddle-trt-subgraph"
 PIR_TRT = "pir-trt"
@@ -73,6 +73,32 @@ def subgraph_cache_dir(base: str, files: dict, settings: dict) -> str:
     return os.path.join(base, f"subgraph_{settings['precision']}_{digest}")
 
 
+# trt_support_nhwc_pass (paddle/fluid/framework/ir/trt_support_nhwc_pass.cc) switches an NHWC op to
+# NCHW only if it knows the op's weights; any other op marked NHWC (data_format or data_layout) whose
+# inputs are 4-D stops the pass with "op not supported" when the predictor is built.
+NHWC_PASS_SWITCHES = {"conv2d", "pool2d", "batch_norm", "bilinear_interp", "bilinear_interp_v2", "nearest_interp",
+                      "nearest_interp_v2", "prelu"}
+NHWC_PASS_LEAVES = {"relu", "elementwise_add", "affine_channel", "softmax", "temporal_shift"}
+
+
+def nhwc_ops_the_pass_cannot_switch(model_file: str) -> List[str]:
+    """The op types of a legacy program marked NHWC, with 4-D inputs (as the pass reads the program's
+    variable shapes; a conv2d's filter is not counted), that trt_support_nhwc_pass neither switches
+    nor leaves alone."""
+    program = parse_program_desc(model_file)
+    found = set()
+    for block in program.blocks:
+        ranks = {v.name: len(v.type.dense_tensor.tensor.dims) for v in block.vars}
+        for op in block.ops:
+            layout = {a.name: a.s for a in op.attrs}
+            if op.type in NHWC_PASS_SWITCHES | NHWC_PASS_LEAVES or \
+                    layout.get("data_format", layout.get("data_layout")) != "NHWC":
+                continue
+            if all(ranks.get(name) == 4 for var in op.inputs for name in var.arguments):
+                found.add(op.type)
+    return sorted(found)
+
+
 def pir_trt_import_error() -> Optional[str]:
     """Why ``paddle.tensorrt`` cannot be used here (None when it imports). It ships only with
     TensorRT-enabled GPU builds and imports the ``tensorrt`` wheel."""
@@ -110,6 +136,13 @@ def trt_plan(meta: dict, files: dict, precision: str, gpu_calls: List[dict], *, 
             "max_batch": int(max_batch)}
 
     if files["format"] == "program":
+        unswitchable = nhwc_ops_the_pass_cannot_switch(files["model_file"]) \
+            if meta.get("model", {}).get("data_format") == "NHWC" else []
+        if unswitchable:
+            raise UnsupportedError(f"--backend trt: {os.path.basename(files['model_file'])} is an NHWC program with "
+                                   f"{', '.join(unswitchable)} ops, which Paddle-TRT's trt_support_nhwc_pass cannot "
+                                   f"turn to NCHW (it stops building the predictor); re-export with "
+                                   f"-o export.data_format=NCHW (the same weights)")
         use_calib = precision == "int8" and not quantized
         cache_dir = subgraph_cache_dir(cache_dir, files, {
             "precision": precision, "workspace_size": workspace, "max_batch_size": int(max_batch),
