@@ -35,19 +35,25 @@ def _deploy_cpu_file() -> str:
                               f"ppdlx_deploy is not installed; reinstall ppdlx (pip install -e . in the checkout)")
 
 
-def _load() -> None:
-    """Registers the file as ``ppdlx._deploy_cpu``, so that it is imported by name below."""
+def _load():
     if _MODULE_NAME not in sys.modules:
         spec = importlib.util.spec_from_file_location(_MODULE_NAME, _deploy_cpu_file())
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[_MODULE_NAME] = module
+    return sys.modules[_MODULE_NAME]
 
 
-_load()
-from ppdlx._deploy_cpu import (BF16_FLAGS, CPUINFO, FLAGS_THAT_MATTER, THREAD_ENV, VNNI_FLAGS,  # noqa: E402
-                               cpu_features, has_any, has_bf16, has_vnni, mkl_debug_cpu_type_for, parse_cpuinfo,
-                               thread_environment)
-
-__all__ = ["BF16_FLAGS", "CPUINFO", "FLAGS_THAT_MATTER", "THREAD_ENV", "VNNI_FLAGS", "cpu_features", "has_any",
-           "has_bf16", "has_vnni", "mkl_debug_cpu_type_for", "parse_cpuinfo", "thread_environment"]
+_cpu = _load()
+CPUINFO = _cpu.CPUINFO
+FLAGS_THAT_MATTER = _cpu.FLAGS_THAT_MATTER
+BF16_FLAGS = _cpu.BF16_FLAGS
+VNNI_FLAGS = _cpu.VNNI_FLAGS
+THREAD_ENV = _cpu.THREAD_ENV
+parse_cpuinfo = _cpu.parse_cpuinfo
+cpu_features = _cpu.cpu_features
+thread_environment = _cpu.thread_environment
+has_any = _cpu.has_any
+has_bf16 = _cpu.has_bf16
+has_vnni = _cpu.has_vnni
+mkl_debug_cpu_type_for = _cpu.mkl_debug_cpu_type_for

@@ -264,8 +264,13 @@ def test_checkout_tools_do_not_hide_a_broken_install(venv, digits, tmp_path):
     site = subprocess.run([venv, "-c", "import os, ppdlx; print(os.path.dirname(ppdlx.__file__))"],
                           capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
                           env=outside_env()).stdout.strip()
+    deploy = subprocess.run([venv, "-c", "import importlib.util as u; "
+                                         "print(u.find_spec('ppdlx_deploy').submodule_search_locations[0])"],
+                            capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+                            env=outside_env()).stdout.strip()
     python, target = make_venv(tmp_path / "broken")
     shutil.copytree(site, os.path.join(target, "ppdlx"), ignore=shutil.ignore_patterns("engine"))
+    shutil.copytree(deploy, os.path.join(target, "ppdlx_deploy"))  # installed with ppdlx (setup.py); complete here
     # An editable install in the system site (CI's `pip install -e .`) puts a meta-path finder there that
     # resolves any missing ppdlx subpackage from the checkout; a user's separate broken install has none.
     # site.py runs sitecustomize after every .pth file, so this drops the finder the system .pth added.
