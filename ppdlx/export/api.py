@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence
 import ppdlx.export.meta as M
 from ppdlx.errors import ConfigError, UnsupportedError, paddle_error_line
 from ppdlx.export.families import export_graph, export_onnx_target
-from ppdlx.export.files import ensure_output_dir, file_records
+from ppdlx.export.files import ensure_output_dir, file_records, publish_export, staged_export
 from ppdlx.export.paddle_export import PaddleInferenceRunner, random_feeds, run_dynamic
 
 log = logging.getLogger("ppdlx")
@@ -212,56 +212,64 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     if onnx and data_format == "NHWC":
         raise UnsupportedError("--onnx: paddle2onnx cannot convert NHWC convolutions; leave export.data_format at "
                                "NCHW (the same weights) for ONNX")
-    given_model = model
-    model = model_in_layout(cfg, weights, model)
-    model.eval()
-    num_classes = int(getattr(model, "num_classes", cfg.model.num_classes))
-    if export_spec is None:
-        from ppdlx.engine.tasks import task_of
-        export_spec = task_of(cfg).export_spec(cfg, model)
-    spec = export_spec
-    graph = export_graph(model, spec, output_dir, data_format, fmt)
-    files, inputs = graph.files, graph.inputs
-    runner = PaddleInferenceRunner(files, threads=threads)
-    outputs = _program_outputs(runner, inputs, graph.output_roles)
-    opt_batch = trt_opt_batch or spec["trt_batches"]["opt_batch"]
-    max_batch = max(trt_max_batch or spec["trt_batches"]["max_batch"], opt_batch)
-    tensorrt = M.trt_suggestion(inputs, 1, opt_batch, max_batch)
+    # written and checked in a staging folder, then published whole: a failed re-export leaves the
+    # previous export working, not its inference.yml over a new, unchecked program
+    with staged_export(output_dir) as staging:
+        given_model = model
+        model = model_in_layout(cfg, weights, model)
+        model.eval()
+        num_classes = int(getattr(model, "num_classes", cfg.model.num_classes))
+        if export_spec is None:
+            from ppdlx.engine.tasks import task_of
+            export_spec = task_of(cfg).export_spec(cfg, model)
+        spec = export_spec
+        graph = export_graph(model, spec, staging, data_format, fmt)
+        files, inputs = graph.files, graph.inputs
+        runner = PaddleInferenceRunner(files, threads=threads)
+        outputs = _program_outputs(runner, inputs, graph.output_roles)
+        opt_batch = trt_opt_batch or spec["trt_batches"]["opt_batch"]
+        max_batch = max(trt_max_batch or spec["trt_batches"]["max_batch"], opt_batch)
+        tensorrt = M.trt_suggestion(inputs, 1, opt_batch, max_batch)
 
-    report = {"model_dir": os.path.abspath(output_dir), "family": spec["family"], "name": cfg.model.name,
-              "format": files.format, "model_file": files.model_file, "params_file": files.params_file,
-              "inputs": inputs, "outputs": outputs, "checks": {}}
-    if labels is None:
-        labels = find_labels(cfg, spec["family"], weights, num_classes)
-    target = None
-    if onnx:
-        target = export_onnx_target(graph, spec, os.path.join(output_dir, ONNX_FILE), data_format,
-                                    cfg.export.opset, threads)
-        report["onnx_file"] = target.file
-    if check or onnx:
-        for bs in check_batch_sizes:
-            feeds = random_feeds(inputs, bs)
-            reference = run_dynamic(graph.layer, inputs, feeds)
-            if check:
-                diff = graph.compare(f"Paddle Inference ({files.format}) vs dynamic, batch {bs}", reference,
-                                     _checked_run(runner, feeds, files, data_format), atol, rtol)
-                report["checks"][f"paddle_inference_bs{bs}_max_abs_diff"] = diff
-            if target is not None:
-                onnx_reference = reference if target.layer is graph.layer else \
-                    run_dynamic(target.layer, target.inputs, feeds)
-                diff = target.compare(f"onnxruntime vs dynamic, batch {bs}", onnx_reference, target.runner.run(feeds),
-                                      atol, rtol)
-                report["checks"][f"onnxruntime_bs{bs}_max_abs_diff"] = diff
-    extra = {"export_check": report["checks"]} if report["checks"] else {}
-    extra["files"] = file_records([files.model_file, files.params_file])
-    if target is not None and target.meta_section:
-        extra["onnx"] = target.meta_section
-    meta = M.build_meta(family=spec["family"], name=cfg.model.name, num_classes=num_classes, data_format=data_format,
-                        files=files, inputs=inputs, outputs=outputs, preprocess=spec["preprocess"],
-                        postprocess=graph.postprocess, labels=labels, tensorrt=tensorrt,
-                        onnx_file=os.path.basename(target.file) if target else None, extra=extra or None,
-                        random_weights=given_model is None and not weights)
-    report["meta_file"] = M.write_meta(output_dir, meta)
+        report = {"model_dir": os.path.abspath(output_dir), "family": spec["family"], "name": cfg.model.name,
+                  "format": files.format, "model_file": files.model_file, "params_file": files.params_file,
+                  "inputs": inputs, "outputs": outputs, "checks": {}}
+        if labels is None:
+            labels = find_labels(cfg, spec["family"], weights, num_classes)
+        target = None
+        if onnx:
+            target = export_onnx_target(graph, spec, os.path.join(staging, ONNX_FILE), data_format,
+                                        cfg.export.opset, threads)
+            report["onnx_file"] = target.file
+        if check or onnx:
+            for bs in check_batch_sizes:
+                feeds = random_feeds(inputs, bs)
+                reference = run_dynamic(graph.layer, inputs, feeds)
+                if check:
+                    diff = graph.compare(f"Paddle Inference ({files.format}) vs dynamic, batch {bs}", reference,
+                                         _checked_run(runner, feeds, files, data_format), atol, rtol)
+                    report["checks"][f"paddle_inference_bs{bs}_max_abs_diff"] = diff
+                if target is not None:
+                    onnx_reference = reference if target.layer is graph.layer else \
+                        run_dynamic(target.layer, target.inputs, feeds)
+                    diff = target.compare(f"onnxruntime vs dynamic, batch {bs}", onnx_reference,
+                                          target.runner.run(feeds), atol, rtol)
+                    report["checks"][f"onnxruntime_bs{bs}_max_abs_diff"] = diff
+        extra = {"export_check": report["checks"]} if report["checks"] else {}
+        extra["files"] = file_records([files.model_file, files.params_file])
+        if target is not None and target.meta_section:
+            extra["onnx"] = target.meta_section
+        meta = M.build_meta(family=spec["family"], name=cfg.model.name, num_classes=num_classes,
+                            data_format=data_format, files=files, inputs=inputs, outputs=outputs,
+                            preprocess=spec["preprocess"], postprocess=graph.postprocess, labels=labels, tensorrt=tensorrt,
+                            onnx_file=os.path.basename(target.file) if target else None, extra=extra or None,
+                            random_weights=given_model is None and not weights)
+        M.write_meta(staging, meta)
+        publish_export(staging, output_dir)
+    for key in ("model_file", "params_file", "onnx_file"):
+        if report.get(key):
+            report[key] = os.path.join(os.path.abspath(output_dir), os.path.basename(report[key]))
+    report["meta_file"] = os.path.join(os.path.abspath(output_dir), M.META_FILE)
     report["seconds"] = round(time.time() - started, 2)
     return report
 

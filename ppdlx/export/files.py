@@ -7,10 +7,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Dict, Sequence
 
 from ppdlx.errors import ConfigError
+from ppdlx.export.meta import META_FILE
 
 FORMATS = {"pir": ".json", "program": ".pdmodel"}
 
@@ -67,6 +70,31 @@ def remove_stale(model_dir: str, prefix: str = "inference") -> None:
             os.remove(path)
     for name in DERIVED_CACHES:
         shutil.rmtree(os.path.join(model_dir, name), ignore_errors=True)
+
+
+@contextmanager
+def staged_export(model_dir: str):
+    """A fresh staging folder inside ``model_dir`` (same file system, so :func:`publish_export` only
+    renames) for an export to be written and checked in; it is removed afterwards, so an export that
+    fails leaves the folder's previous export as it was."""
+    staging = tempfile.mkdtemp(prefix=".export-staging-", dir=model_dir)
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def publish_export(staging: str, model_dir: str, prefix: str = "inference") -> None:
+    """Move a finished export's files from ``staging`` into ``model_dir`` in place of the export there.
+    The old ``inference.yml`` goes first and the new one comes last: deploy reads a folder only through
+    its inference.yml, so at every moment the folder holds one whole export or none."""
+    old_meta = os.path.join(model_dir, META_FILE)
+    if os.path.isfile(old_meta):
+        os.remove(old_meta)
+    remove_stale(model_dir, prefix)
+    names = sorted(n for n in os.listdir(staging) if n != META_FILE and os.path.isfile(os.path.join(staging, n)))
+    for name in names + [META_FILE]:
+        os.replace(os.path.join(staging, name), os.path.join(model_dir, name))
 
 
 def ensure_output_dir(path: str, option: str = "--output-dir") -> None:

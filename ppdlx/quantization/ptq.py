@@ -21,13 +21,12 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import shutil
 import time
 from typing import Optional
 
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.export import META_FILE, find_model_files, read_meta
-from ppdlx.export.files import ModelFiles, file_records, remove_stale
+from ppdlx.export.files import ModelFiles, file_records, publish_export, staged_export
 from ppdlx.export.meta import write_meta
 from ppdlx.quantization.compare import ONEDNN_INT8_OPS, compare_predictions
 from ppdlx.quantization.images import (ExportPreprocess, labelled_images, list_images, number_of_batches,
@@ -178,18 +177,6 @@ def check_output_dir(output_dir: str, prefix: str = "inference") -> None:
                           f"export would replace; write it to a new folder")
 
 
-def _publish(staging: str, output_dir: str, prefix: str) -> None:
-    """Move the finished int8 export from ``staging`` into ``output_dir``, ``inference.yml`` last: an earlier
-    int8 export there stays whole until the new one is complete."""
-    os.makedirs(output_dir, exist_ok=True)
-    meta_path = os.path.join(output_dir, META_FILE)
-    if os.path.isfile(meta_path):
-        os.remove(meta_path)  # the earlier export is no longer one from here on
-    remove_stale(output_dir, prefix)
-    for name in sorted(os.listdir(staging), key=lambda n: n == META_FILE):
-        os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
-
-
 def quantize(model_dir: str, calib_dir: str, output_dir: str, num_images: Optional[int] = DEFAULT_NUM_IMAGES,
              algo: str = DEFAULT_ALGO, batch_size: int = DEFAULT_BATCH_SIZE, eval_dir: Optional[str] = None,
              check: bool = True, min_agreement: float = DEFAULT_MIN_AGREEMENT, threads: int = 1,
@@ -224,17 +211,13 @@ def quantize(model_dir: str, calib_dir: str, output_dir: str, num_images: Option
     if output_dir == files.model_dir:
         raise ConfigError(f"--output-dir {output_dir}: is the fp32 export itself; write the int8 export elsewhere")
     check_output_dir(output_dir, files.prefix)
-    # Written beside the destination and moved in when complete and checked: a failed calibration or
-    # check leaves the destination as it was.
-    staging = f"{output_dir}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
-    try:
+    # published only when complete and checked: a failed calibration or check leaves an earlier int8
+    # export there as it was
+    os.makedirs(output_dir, exist_ok=True)
+    with staged_export(output_dir) as staging:
         report = _quantize_into(staging, meta, files, preprocess, paths, calib_dir, algo, batch_size, headroom,
                                 headroom_reason, eval_dir, check, min_agreement, threads, started)
-        _publish(staging, output_dir, files.prefix)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        publish_export(staging, output_dir, files.prefix)
     log.info("int8: %s -> %s (%d calibration images, %s)", files.model_dir, output_dir, len(paths), algo)
     return {**report, "model_dir": output_dir, "meta_file": os.path.join(output_dir, META_FILE)}
 

@@ -15,6 +15,7 @@ from ppdlx.config import load_config
 from ppdlx.engine.builders import build_model
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.export import export_model, find_model_files, read_meta, save_classifier
+from ppdlx.export.onnx_export import ExportCheckError
 from ppdlx.export.paddle_export import ClassifierForExport, PaddleInferenceRunner, random_feeds, run_dynamic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -184,6 +185,41 @@ class Tiny(paddle.nn.Layer):
 
     def forward(self, x):
         return self.pool(self.conv(x)).flatten(1) * 3.0
+
+
+class Noisy(Tiny):
+    """Adds fresh random numbers: the program and the dynamic model never agree, so the export check fails
+    after the program is written."""
+    def forward(self, x):
+        return super().forward(x) + paddle.rand([x.shape[0], 4])
+
+
+def _file_bytes(folder):
+    return {name: open(os.path.join(folder, name), "rb").read() for name in sorted(os.listdir(folder))}
+
+
+@pytest.mark.parametrize("fmt", ["pir", "program"])
+def test_a_failed_re_export_leaves_the_previous_export_whole(tmp_path, fmt):
+    """The export is written and checked in a staging folder and published whole: a re-export whose check
+    fails changes nothing in the folder (before: the old inference.yml stayed over the new program, and deploy
+    called the export damaged); a good one replaces it, and the report names the published files."""
+    cfg = small_cfg("resnet18_bottleneck_tiny")
+    out = str(tmp_path / "export")
+    paddle.seed(0)
+    export_model(cfg, output_dir=out, model=Tiny(), check_batch_sizes=(1,), fmt=fmt)
+    before = _file_bytes(out)
+    with pytest.raises(ExportCheckError, match=r"max abs diff .* exceeds the tolerance"):
+        export_model(cfg, output_dir=out, model=Noisy(), check_batch_sizes=(1,), fmt=fmt)
+    assert _file_bytes(out) == before
+    D = load_deploy_module()
+    meta = D.load_meta(out)
+    D.Pipeline.open(out, "paddle-cpu", "fp32", meta=meta)  # the integrity check of every recorded file passes
+    paddle.seed(1)
+    report = export_model(cfg, output_dir=out, model=Tiny(), check_batch_sizes=(1,), fmt=fmt)
+    after = _file_bytes(out)
+    assert sorted(after) == sorted(before) and after != before
+    for key in ("model_file", "params_file", "meta_file"):
+        assert os.path.dirname(report[key]) == os.path.abspath(out) and os.path.isfile(report[key]), key
 
 
 def test_program_formats_are_detected_from_files(tmp_path):
