@@ -77,10 +77,11 @@ def driver(args):
             order = RUNTIMES if round_index % 2 == 0 else RUNTIMES[::-1]
             for runtime in order:
                 python = args.openvino_python if runtime == "openvino" else sys.executable
-                out = subprocess.run([python, os.path.abspath(__file__), "--worker", runtime, "--export-dir",
-                                      args.export_dir, "--batch-size", str(batch_size), "--threads", str(args.threads),
-                                      "--steps", str(args.steps), "--warmup", str(args.warmup), "--size", str(args.size)],
-                                     capture_output=True, text=True, check=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                argv = [python, os.path.abspath(__file__), "--worker", runtime, "--export-dir", args.export_dir,
+                        "--batch-size", str(batch_size), "--threads", str(args.threads), "--steps", str(args.steps),
+                        "--warmup", str(args.warmup), "--size", str(args.size)]
+                out = subprocess.run(argv, capture_output=True, text=True, check=True,
+                                     env={**os.environ, "PYTHONWARNINGS": "ignore"})
                 medians[runtime].append(json.loads(out.stdout.strip().splitlines()[-1])["median_ms"])
         for runtime in RUNTIMES[1:]:
             ratios = [a / b for a, b in zip(medians[runtime], medians["onnxruntime"])]

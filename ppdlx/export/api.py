@@ -261,7 +261,8 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
             extra["onnx"] = target.meta_section
         meta = M.build_meta(family=spec["family"], name=cfg.model.name, num_classes=num_classes,
                             data_format=data_format, files=files, inputs=inputs, outputs=outputs,
-                            preprocess=spec["preprocess"], postprocess=graph.postprocess, labels=labels, tensorrt=tensorrt,
+                            preprocess=spec["preprocess"], postprocess=graph.postprocess, labels=labels,
+                            tensorrt=tensorrt,
                             onnx_file=os.path.basename(target.file) if target else None, extra=extra or None,
                             random_weights=given_model is None and not weights)
         M.write_meta(staging, meta)

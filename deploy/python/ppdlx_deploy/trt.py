@@ -82,9 +82,9 @@ NHWC_PASS_LEAVES = {"relu", "elementwise_add", "affine_channel", "softmax", "tem
 
 
 def nhwc_ops_the_pass_cannot_switch(model_file: str) -> List[str]:
-    """The op types of a legacy program marked NHWC, with 4-D inputs (as the pass reads the program's
-    variable shapes; a conv2d's filter is not counted), that trt_support_nhwc_pass neither switches
-    nor leaves alone."""
+    """The op types of a legacy program marked NHWC, with every input 4-D (read from the program's
+    variable shapes, as the pass reads them), that trt_support_nhwc_pass neither switches nor leaves
+    alone."""
     program = parse_program_desc(model_file)
     found = set()
     for block in program.blocks:
