@@ -16,7 +16,7 @@ setup(
     packages=find_packages(include=["ppdlx", "ppdlx.*"]) + ["ppdlx_deploy"],
     package_dir={"ppdlx_deploy": "deploy/python/ppdlx_deploy"},
     entry_points={"console_scripts": ["ppdlx-deploy-infer = ppdlx_deploy.cli:run"]},
-    package_data={"ppdlx": ["models/gpunet_archs/*.json", "ops/*.cc"]},
+    package_data={"ppdlx": ["models/gpunet_archs/*.json", "ops/*.cc", "ops/*.h"]},
     python_requires=">=3.9",
     install_requires=[
         "numpy",

@@ -182,11 +182,11 @@ def test_wheel_ships_every_module_and_data_file(wheel):
             dirnames[:] = [d for d in dirnames if d != "__pycache__"]
             sub = os.path.relpath(dirpath, os.path.join(ROOT, source)).replace(os.sep, "/")
             rel = package if sub == "." else f"{package}/{sub}"
-            in_checkout |= {f"{rel}/{f}" for f in filenames if f.endswith((".py", ".cc", ".json"))}
+            in_checkout |= {f"{rel}/{f}" for f in filenames if f.endswith((".py", ".cc", ".h", ".json"))}
     assert in_checkout - shipped == set()
     assert "ppdlx_deploy/cli.py" in shipped
     assert {"ppdlx/engine/run.py", "ppdlx/models/detection/__init__.py", "ppdlx/ops/onednn_kernels.cc",
-            "ppdlx/models/gpunet_archs/gpunet_0.json"} <= shipped
+            "ppdlx/ops/onednn_norm_pool.cc", "ppdlx/ops/onednn_common.h", "ppdlx/models/gpunet_archs/gpunet_0.json"} <= shipped
 
 
 def test_import_without_paddle_says_which_builds_to_install(wheel, tmp_path):

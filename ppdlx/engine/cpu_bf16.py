@@ -5,9 +5,10 @@ float32 tensors (``ppdlx.ops.onednn.conv2d(bf16=True)``): float32 master weights
 and optimizer as before, no loss scaling (bf16 has float32's range), what PyTorch's CPU autocast
 does. bf16 hardware (avx512_bf16 / amx_bf16) is necessary but not enough: on some CPUs with it
 oneDNN's bf16 kernels are no faster than float32 (docs/cpu_speed.md). So ``amp.cpu_bf16: auto``
-times both once per kind of machine -- the convolutions a bottleneck block trains, the float32 side
-as float32 training runs them (3x3 through oneDNN, the 1x1 as a matmul) -- and uses bf16 only
-where it is at least :data:`MIN_GAIN` faster. The decision is cached next to the compiled op
+times both once per kind of machine -- a training step of one of ResNet50's bottleneck blocks, each
+side the way training runs it (float32: 3x3 through oneDNN, stride-1 1x1 as matmuls; bf16: every
+convolution through oneDNN, bf16 activations between the layers) -- and uses bf16 only where it
+is at least :data:`MIN_GAIN` faster. The decision is cached next to the compiled op
 (keyed by the CPU model, its flags, the threads and the op build).
 """
 from __future__ import annotations
@@ -23,6 +24,9 @@ from typing import Optional
 import paddle
 
 from ppdlx.cpu_features import BF16_FLAGS, cpu_features, has_bf16
+from ppdlx.engine import cpu_bf16_activations
+from ppdlx.engine.cpu_kernels import switch_to_fast_kernels
+from ppdlx.models.resnet import Bottleneck
 from ppdlx.ops import onednn
 
 log = logging.getLogger("ppdlx")
@@ -31,32 +35,36 @@ MIN_GAIN = 1.1  # bf16 rounds every convolution's inputs: only worth it for a cl
 _ROUNDS = 5
 
 
-def _train_block_ms(bf16: bool, batch: int = 16, size: int = 14, width: int = 256) -> float:
-    """One forward + backward of a 3x3 and a 1x1 convolution of ResNet50's third stage, in ms."""
-    x = paddle.randn([batch, size, size, width])
+def _block(bf16: bool, width: int = 256):
+    """A bottleneck block of ResNet50's third stage on the kernels training would use."""
+    paddle.seed(0)
+    block = Bottleneck(4 * width, width, 1, "NHWC", False)
+    switch_to_fast_kernels(block, bf16)
+    block.train()
+    return block
+
+
+def _train_block_ms(block, bf16: bool, batch: int = 16, size: int = 14) -> float:
+    """One forward + backward of ``block`` on a fresh batch, in ms."""
+    x = paddle.randn([batch, size, size, block.conv1.conv._in_channels])
+    if bf16:  # the output of the block before it
+        x = x.astype(paddle.bfloat16)
     x.stop_gradient = False
-    w3 = paddle.randn([width, width, 3, 3]) * 0.05
-    w1 = paddle.randn([4 * width, width, 1, 1]) * 0.05
-    for w in (w3, w1):
-        w.stop_gradient = False
     start = time.perf_counter()
-    y = onednn.conv2d(x, w3, 1, [1, 1, 1, 1], 1, 1, True, bf16)
-    if bf16:
-        y = onednn.conv2d(y, w1, 1, [0, 0, 0, 0], 1, 1, True, True)
-    else:  # float32 training runs stride-1 1x1 convs as one matmul (ppdlx.engine.cpu_kernels)
-        y = paddle.matmul(y, w1.reshape([4 * width, width]), transpose_y=True)
-    y.sum().backward()
+    y = cpu_bf16_activations.bottleneck(block, x) if bf16 else block(x)
+    y.astype(paddle.float32).sum().backward()
     return (time.perf_counter() - start) * 1000
 
 
 def measure(rounds: int = _ROUNDS) -> dict:
     """Median ms of the block in float32 and bf16, alternated round by round after a warm-up."""
     times = {"float32": [], "bfloat16": []}
+    blocks = {bf16: _block(bf16) for bf16 in (False, True)}
     for bf16 in (False, True):
-        _train_block_ms(bf16)
+        _train_block_ms(blocks[bf16], bf16)
     for r in range(rounds):
         for bf16 in ((False, True) if r % 2 == 0 else (True, False)):
-            times["bfloat16" if bf16 else "float32"].append(_train_block_ms(bf16))
+            times["bfloat16" if bf16 else "float32"].append(_train_block_ms(blocks[bf16], bf16))
     return {k: round(statistics.median(v), 2) for k, v in times.items()}
 
 
@@ -122,7 +130,7 @@ def plan_cpu_bf16(setting, threads: int, fast_cpu_kernels: bool) -> tuple[bool, 
 def choose(timing: dict) -> tuple[bool, str]:
     """bf16 or not from a :func:`timed_choice` record, and the line that says why."""
     gain = timing["float32"] / timing["bfloat16"]
-    measured = (f"a bottleneck block's convolutions trained in {timing['bfloat16']} ms in bf16 vs "
+    measured = (f"a bottleneck block trained in {timing['bfloat16']} ms in bf16 vs "
                 f"{timing['float32']} ms in float32 here ({gain:.2f}x, measured {timing['measured']}; "
                 f"{_cache_path()})")
     if gain >= MIN_GAIN:

@@ -23,6 +23,7 @@ import types
 import paddle
 
 from ppdlx.cpu_env import keep_freed_memory
+from ppdlx.engine.cpu_bf16_activations import use_bf16_activations
 from ppdlx.errors import UnsupportedError
 from ppdlx.layers import BatchNormAct2D
 from ppdlx.ops import onednn
@@ -106,10 +107,11 @@ def plan_fast_cpu_kernels(setting, device: str, graph: str, distill_enabled: boo
     return True
 
 
-def use_fast_cpu_kernels(model, bf16: bool = False) -> dict:
+def switch_to_fast_kernels(model, bf16: bool = False) -> dict:
     """Stride-1 1x1 convs of an NHWC ``model`` as matmuls, every other ``paddle.nn.Conv2D`` through
     the oneDNN op; with ``bf16`` every convolution through the oneDNN op, training in bf16
-    (``ppdlx.engine.cpu_bf16``). Returns the counts."""
+    (``ppdlx.engine.cpu_bf16``), and a ResNet's activations in bf16 between its layers
+    (``ppdlx.engine.cpu_bf16_activations``). Returns the counts."""
     # Strided 1x1s go to oneDNN: as matmuls they need a strided slice whose gradient cost 60 ms/step.
     matmuls = 0 if bf16 else conv1x1_as_matmul(model, strided=False)
     switched, kept = onednn.use_onednn_convs(
@@ -120,13 +122,23 @@ def use_fast_cpu_kernels(model, bf16: bool = False) -> dict:
             layer.forward = types.MethodType(_batch_norm_act_forward, layer)
             norms += 1
     pools = onednn.use_onednn_max_pools(model)
+    bf16_blocks = use_bf16_activations(model) if bf16 else 0
+    return {"matmul": matmuls, "onednn": switched, "paddle": kept, "batch_norm": norms, "max_pool": pools,
+            "bf16": bf16, "bf16_activation_blocks": bf16_blocks}
+
+
+def use_fast_cpu_kernels(model, bf16: bool = False) -> dict:
+    """:func:`switch_to_fast_kernels` for a training run: also keeps freed memory in the process and
+    says in one line what runs where. Returns the counts."""
+    counts = switch_to_fast_kernels(model, bf16)
     kept_memory = keep_freed_memory()
     log.info("global.cpu_fast_kernels: %d convs%s, %d batch norms and %d max pools through oneDNN (NHWC), %d 1x1 "
-             "convs as matmuls, %d convs on Paddle's kernel%s", switched, " (bf16 while training)" if bf16 else "",
-             norms, pools, matmuls, kept,
+             "convs as matmuls, %d convs on Paddle's kernel%s%s", counts["onednn"],
+             " (bf16 while training)" if bf16 else "", counts["batch_norm"], counts["max_pool"], counts["matmul"],
+             counts["paddle"], f"; bf16 activations through {counts['bf16_activation_blocks']} residual blocks"
+             if counts["bf16_activation_blocks"] else "",
              "" if kept_memory else "; freed memory goes back to the system (not glibc)")
-    return {"matmul": matmuls, "onednn": switched, "paddle": kept, "batch_norm": norms, "max_pool": pools,
-            "bf16": bf16}
+    return counts
 
 
 def _batch_norm_act_forward(self, x):

@@ -1,4 +1,5 @@
-"""oneDNN convolution, batch norm and max pool for CPU dygraph training (``ppdlx/ops/onednn_kernels.cc``).
+"""oneDNN convolution, batch norm, max pool and add + ReLU for CPU dygraph training
+(``ppdlx/ops/onednn_kernels.cc``, ``onednn_norm_pool.cc``).
 
 The ops are compiled once per machine with ``paddle.utils.cpp_extension`` against the oneDNN
 library inside Paddle's own wheel (``paddle/libs/libdnnl.so.3``, oneDNN 3.6) and the headers of
@@ -22,6 +23,8 @@ import paddle
 log = logging.getLogger("ppdlx")
 
 SOURCE = Path(__file__).with_name("onednn_kernels.cc")
+SOURCES = (SOURCE, SOURCE.with_name("onednn_norm_pool.cc"))
+HEADER = SOURCE.with_name("onednn_common.h")
 HEADERS_PACKAGE = "onednn-devel==2025.0.0"
 _module = None
 
@@ -52,7 +55,8 @@ def unavailable_reason() -> str | None:
 
 
 def build_dir() -> Path:
-    digest = hashlib.sha1(SOURCE.read_bytes() + paddle.__version__.encode()).hexdigest()[:12]
+    code = b"".join(path.read_bytes() for path in (*SOURCES, HEADER))
+    digest = hashlib.sha1(code + paddle.__version__.encode()).hexdigest()[:12]
     base = Path(os.environ.get("PPDLX_OPS_CACHE", Path.home() / ".cache" / "ppdlx" / "ops"))
     return base / f"onednn_kernels_{digest}"
 
@@ -79,13 +83,13 @@ def load():
         else:
             log.info("building the oneDNN ops once in %s (about 30 s)", build)
             cpp_extension.load(  # compiles, links and registers the op
-                name="ppdlx_onednn_kernels", sources=[str(SOURCE)],
+                name="ppdlx_onednn_kernels", sources=[str(path) for path in SOURCES],
                 extra_cxx_cflags=["-O2", "-w"], extra_include_paths=[str(_header_dir())],
                 extra_library_paths=[str(_paddle_libs())],
                 extra_ldflags=["-l:libdnnl.so.3", f"-Wl,-rpath,{_paddle_libs()}"],
                 build_directory=str(build), verbose=False)
     _module = types.SimpleNamespace(conv2d=_op("ppdlx_onednn_conv2d"), batch_norm=_op("ppdlx_onednn_batch_norm"),
-                                    max_pool2d=_op("ppdlx_onednn_max_pool2d"))
+                                    max_pool2d=_op("ppdlx_onednn_max_pool2d"), add_relu=_op("ppdlx_onednn_add_relu"))
     return _module
 
 
@@ -130,22 +134,25 @@ def same_paddings(size_hw, kernel_hw, stride_hw, dilation_hw) -> list[int]:
     return pads
 
 
-def conv2d(x, weight, stride, paddings, dilation, groups, channels_last, bf16: bool = False):
+def conv2d(x, weight, stride, paddings, dilation, groups, channels_last, bf16: bool = False,
+           out_bf16: bool = False):
     """``paddle.nn.functional.conv2d`` (no bias) through oneDNN; ``paddings`` as
-    ``[top, bottom, left, right]`` or "SAME". ``bf16``: computed in bfloat16 from float32 tensors,
-    float32 results (forward and gradients); for CPUs with bf16 hardware."""
+    ``[top, bottom, left, right]`` or "SAME". ``bf16``: computed in bfloat16 (for CPUs with bf16
+    hardware), from a float32 or bfloat16 ``x`` (its gradient has its type) and float32 filters,
+    the output float32, or bfloat16 with ``out_bf16``."""
     op = load().conv2d
     stride, dilation = _pair(stride), _pair(dilation)
     if isinstance(paddings, str):
         size = x.shape[1:3] if channels_last else x.shape[2:4]
         paddings = same_paddings(size, weight.shape[2:4], stride, dilation)
-    return op(x, weight, stride, list(paddings), dilation, groups, channels_last, not x.stop_gradient, bf16)[0]
+    return op(x, weight, stride, list(paddings), dilation, groups, channels_last, not x.stop_gradient, bf16,
+              out_bf16)[0]
 
 
 def _onednn_forward(self, x):
     # bf16 trains only: evaluation computes exactly what the float32 export will
     y = conv2d(x, self.weight, self._stride, self._onednn_paddings, self._dilation, self._groups,
-               self._data_format == "NHWC", self._onednn_bf16 and self.training)
+               self._data_format == "NHWC", self._onednn_bf16 and self.training, False)
     if self.bias is None:
         return y
     return y + (self.bias if self._data_format == "NHWC" else self.bias.reshape([1, -1, 1, 1]))
@@ -172,7 +179,8 @@ def use_onednn_convs(model, skip=lambda layer: False, bf16: bool = False) -> tup
 
 def batch_norm_train(x, bn, fuse_relu: bool, channels_last: bool):
     """Training-mode ``paddle.nn.BatchNorm2D`` (+ ReLU when ``fuse_relu``) through oneDNN in one
-    pass; updates ``bn``'s running statistics like Paddle does (biased batch variance)."""
+    pass, float32 or bfloat16 ``x`` (the output has its type); updates ``bn``'s running statistics
+    like Paddle does (biased batch variance)."""
     y, mean, variance, _ = load().batch_norm(x, bn.weight, bn.bias, float(bn._epsilon), channels_last, fuse_relu)
     with paddle.no_grad():
         momentum = bn._momentum
@@ -182,9 +190,17 @@ def batch_norm_train(x, bn, fuse_relu: bool, channels_last: bool):
 
 
 def max_pool2d(x, kernel, stride, paddings, channels_last: bool):
-    """``paddle.nn.functional.max_pool2d`` (floor mode, no mask) through oneDNN; ``paddings`` as
-    ``[top, bottom, left, right]``."""
+    """``paddle.nn.functional.max_pool2d`` (floor mode, no mask) through oneDNN, float32 or
+    bfloat16; ``paddings`` as ``[top, bottom, left, right]``."""
     return load().max_pool2d(x, _pair(kernel), _pair(stride), list(paddings), channels_last)[0]
+
+
+def add_relu(a, b):
+    """``relu(a + b)`` for two float32 or two bfloat16 tensors of one shape (Paddle has no CPU
+    bfloat16 add or ReLU)."""
+    if not b.is_contiguous():
+        b = b.contiguous()
+    return load().add_relu(a, b)[0]
 
 
 def _max_pool_forward(self, x):

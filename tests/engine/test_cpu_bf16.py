@@ -107,8 +107,9 @@ def _fixed_batch_losses(root, out, steps, *extra):
 @needs_bf16
 def test_bf16_training_loss_tracks_float32(tmp_path, ppdlx_caplog):
     """12 steps from the same weights on the same batch. Stated tolerance: every bf16 loss within 8 %
-    of the float32 loss of the same step (measured: at most 4.2 %, while float32 through Paddle's
-    kernels stays within 0.4 % of float32 through ppdlx's), and both fall below 40 % of the first."""
+    of the float32 loss of the same step (measured: at most 5.6 % with bf16 activations between the
+    tiny ResNet's layers, 4.2 % with bf16 convolutions only, while float32 through Paddle's kernels
+    stays within 0.4 % of float32 through ppdlx's), and both fall below 40 % of the first."""
     with ppdlx_caplog.at_level("INFO", logger="ppdlx"):
         bf16, plan = _fixed_batch_losses(tmp_path, tmp_path / "bf16", 12, "amp.enabled=true",
                                          "amp.dtype=bfloat16", "amp.cpu_bf16=true")
@@ -116,6 +117,8 @@ def test_bf16_training_loss_tracks_float32(tmp_path, ppdlx_caplog):
     assert plan.amp.cpu_bf16_convs and plan.fast_cpu_kernels and not fp32_plan.amp.cpu_bf16_convs
     notes = [r.getMessage() for r in ppdlx_caplog.records if r.getMessage().startswith("amp: bfloat16 on CPU")]
     assert len(notes) == 1 and "amp.cpu_bf16=true" in notes[0]
+    kernels = [r.getMessage() for r in ppdlx_caplog.records if "(bf16 while training)" in r.getMessage()]
+    assert len(kernels) == 1 and kernels[0].endswith("; bf16 activations through 4 residual blocks"), kernels
     relative = np.abs(bf16 - fp32) / fp32
     assert relative[0] > 1e-4, relative  # bf16 arithmetic from the first step on
     assert relative.max() < 0.08, (bf16, fp32)

@@ -204,3 +204,20 @@ def test_conv_matches_paddle_on_every_instruction_set_path(isa):
     assert not any(t in k for k in kernels for t in above), kernels
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
     assert result["out"] < 1e-4 and result["dx"] < 1e-4 and result["dw"] < 1e-3, result
+
+
+@pytest.mark.parametrize("shape", [[2, 5, 6, 7], [2, 4, 4, 16]])  # the op views whole rows of 64 as 2-D
+def test_add_relu_matches_paddle_forward_and_backward(shape):
+    paddle.seed(0)
+    a, b = paddle.randn(shape), paddle.randn(shape)
+    for t in (a, b):
+        t.stop_gradient = False
+    probe = paddle.randn(a.shape)
+    reference = paddle.nn.functional.relu(a + b)
+    ref_grads = paddle.grad(reference, [a, b], probe)
+    out = onednn.add_relu(a, b)
+    grads = paddle.grad(out, [a, b], probe)
+    assert float((out - reference).abs().max()) == 0.0
+    assert float((out == 0).astype("float32").mean()) > 0.3  # the ReLU mask is exercised
+    for grad, ref in zip(grads, ref_grads):
+        assert grad.dtype == paddle.float32 and float((grad - ref).abs().max()) == 0.0
