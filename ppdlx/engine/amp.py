@@ -82,8 +82,9 @@ def plan_amp(amp_cfg, device: str, fast_cpu_kernels: bool = False, cpu_threads: 
     on, why = plan_cpu_bf16(amp_cfg.cpu_bf16, cpu_threads, fast_cpu_kernels)
     if on:
         return AmpPlan(False, "bfloat16", amp_cfg.level, False, cpu_bf16_convs=True, note=(
-            f"amp: bfloat16 on CPU: convolutions train in bf16 through ppdlx's oneDNN op ({why}); float32 master "
-            f"weights, batch norm, loss and optimizer, no loss scaling, evaluation in float32"))
+            f"amp: bfloat16 on CPU: convolutions train in bf16 through ppdlx's oneDNN op ({why}); in a ResNet the "
+            f"activations between its layers are bf16 too; float32 master weights, loss and optimizer, no loss "
+            f"scaling, evaluation in float32"))
     note = (f"amp: bfloat16 requested, but Paddle {paddle.__version__}'s CPU build has no bf16 training kernels "
             f"and ppdlx's bf16 convolutions are not used ({why}): training runs in float32; bf16 inference via "
             f"oneDNN is in deploy/")
