@@ -51,6 +51,15 @@ inline std::vector<int64_t> paddle_shape(const memory::dims& d, bool channels_la
   return channels_last ? std::vector<int64_t>{d[0], d[2], d[3], d[1]} : std::vector<int64_t>{d[0], d[1], d[2], d[3]};
 }
 
+// The forward and backward primitives of a training op, with their descriptors.
+template <typename Forward, typename Backward>
+struct TrainingPrimitives {
+  typename Forward::primitive_desc forward;
+  typename Backward::primitive_desc backward;
+  Forward forward_prim;
+  Backward backward_prim;
+};
+
 // The primitives of one op shape, built on first use (Paddle runs dygraph ops on one thread).
 template <typename Primitives, typename Make>
 inline const Primitives& cached(const std::string& key, Make make) {

@@ -12,12 +12,7 @@ using namespace ppdlx_onednn;
 // input gives a bfloat16 output and input gradient (statistics, scale and shift stay float32).
 namespace {
 
-struct NormPrimitives {
-  dnnl::batch_normalization_forward::primitive_desc forward;
-  dnnl::batch_normalization_backward::primitive_desc backward;
-  dnnl::batch_normalization_forward forward_prim;
-  dnnl::batch_normalization_backward backward_prim;
-};
+using NormPrimitives = TrainingPrimitives<dnnl::batch_normalization_forward, dnnl::batch_normalization_backward>;
 
 const NormPrimitives& norm_primitives(const memory::dims& dims, bool channels_last, float epsilon,
                                       bool fuse_relu, bool bf16) {
@@ -128,11 +123,7 @@ PD_BUILD_GRAD_OP(ppdlx_onednn_batch_norm)
 // The workspace (argmax of every output) carries the choice to the backward pass.
 namespace {
 
-struct PoolPrimitives {
-  dnnl::pooling_forward::primitive_desc forward;
-  dnnl::pooling_backward::primitive_desc backward;
-  dnnl::pooling_forward forward_prim;
-  dnnl::pooling_backward backward_prim;
+struct PoolPrimitives : TrainingPrimitives<dnnl::pooling_forward, dnnl::pooling_backward> {
   memory::dims src, dst;
   tag layout;
 };
@@ -168,7 +159,7 @@ const PoolPrimitives& pool_primitives(const std::vector<int64_t>& x_shape, const
                                                          pr);
     auto backward = dnnl::pooling_backward::primitive_desc(engine, dnnl::algorithm::pooling_max, src_md, dst_md, s,
                                                            k, dil, pl, pr, forward);
-    return PoolPrimitives{forward, backward, dnnl::pooling_forward(forward), dnnl::pooling_backward(backward),
+    return PoolPrimitives{{forward, backward, dnnl::pooling_forward(forward), dnnl::pooling_backward(backward)},
                           src, dst, layout};
   });
 }
