@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from ppdlx.cpu_features import cpu_features, has_bf16
 from ppdlx.engine.checkpoint import load_states
 from tests.conftest import make_digits_tree
 
@@ -89,6 +90,19 @@ def test_two_ranks_train_in_sync_and_count_every_val_image_once(odd_tree, tmp_pa
     assert len(loader_states) == 2 and loader_states[0]["dali_checkpoint"] != loader_states[1]["dali_checkpoint"]
     # and each rank's own random generators (seeded seed + rank), not rank 0's for both
     assert len(saved["rng"]) == 2 and not np.array_equal(saved["rng"][0]["numpy"][1], saved["rng"][1]["numpy"][1])
+
+
+@pytest.mark.skipif(not has_bf16(cpu_features()), reason="this CPU has neither avx512_bf16 nor amx_bf16: "
+                    "ppdlx trains in float32 there")
+def test_two_ranks_training_bf16_activations_stay_in_sync(odd_tree, tmp_path):
+    proc, out, logs = launch_ranks(tmp_path, odd_tree, "train.epochs=1", "amp.enabled=true", "amp.dtype=bfloat16",
+                                   "amp.cpu_bf16=true")
+    text = "".join(logs.values())
+    assert proc.returncode == 0, text[-3000:]
+    assert "bf16 activations through 4 residual blocks" in text, text[-3000:]  # rank 0 logs the plan
+    states, counters = rank_states(out)
+    assert_same_weights(states)
+    assert [c["images"] for c in counters] == [15, 15]
 
 
 def test_three_ranks_stay_in_sync_on_uneven_shards_and_count_every_val_image_once(tiny_tree, tmp_path):
