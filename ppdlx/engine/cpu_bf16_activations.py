@@ -78,10 +78,7 @@ def _trains(layer) -> bool:
 def _forward_features(self, x):
     if not self.training or not all(_trains(layer) for layer in self._bf16_conv_norms):
         return ResNet.forward_features(self, x)
-    x = conv_norm(self.stem, x)
-    pool = self.pool
-    x = onednn.max_pool2d(x, pool.ksize, pool.stride if pool.stride is not None else pool.ksize,
-                          pool._onednn_paddings, True)
+    x = self.pool(conv_norm(self.stem, x))  # the oneDNN max pool (see applies), which takes bf16
     for block in _blocks(self):
         x = bottleneck(block, x)
     return x.astype(paddle.float32)
