@@ -174,9 +174,17 @@ probe = paddle.randn(ref.shape)
 ref_grads = paddle.grad(ref, [x, w], probe)
 out = onednn.conv2d(x, w, 1, [1] * 4, 1, 1, True)
 grads = paddle.grad(out, [x, w], probe)
+a, b = paddle.randn([2, 4, 4, 16]), paddle.randn([2, 4, 4, 16])
+a.stop_gradient = b.stop_gradient = False
+summed = paddle.nn.functional.relu(a + b)
+summed_grads = paddle.grad(summed, [a, b], probe[:, :4, :4, :16])
+fused = onednn.add_relu(a, b)
+fused_grads = paddle.grad(fused, [a, b], probe[:, :4, :4, :16])
 print("RESULT " + json.dumps({"out": float((out - ref).abs().max()),
                               "dx": float((grads[0] - ref_grads[0]).abs().max()),
-                              "dw": float((grads[1] - ref_grads[1]).abs().max() / ref_grads[1].abs().max())}))
+                              "dw": float((grads[1] - ref_grads[1]).abs().max() / ref_grads[1].abs().max()),
+                              "add_relu": max(float((u - v).abs().max()) for u, v in
+                                              zip([fused, *fused_grads], [summed, *summed_grads]))}))
 """
 # oneDNN picks its kernels by the CPU's instruction sets at run time; ONEDNN_MAX_CPU_ISA caps that
 # choice, so every path this CPU can run is checked here, not only the one it would pick.
@@ -188,7 +196,7 @@ ISA_PATHS = {  # cap -> (flags the CPU needs, token in the kernel names, tokens 
 
 
 @pytest.mark.parametrize("isa", list(ISA_PATHS))
-def test_conv_matches_paddle_on_every_instruction_set_path(isa):
+def test_conv_and_add_relu_match_paddle_on_every_instruction_set_path(isa):
     needs, token, above = ISA_PATHS[isa]
     missing = needs - set(cpu_features()["flags"])
     if missing:
@@ -204,6 +212,7 @@ def test_conv_matches_paddle_on_every_instruction_set_path(isa):
     assert not any(t in k for k in kernels for t in above), kernels
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
     assert result["out"] < 1e-4 and result["dx"] < 1e-4 and result["dw"] < 1e-3, result
+    assert result["add_relu"] == 0.0, result  # add + ReLU is exact in float32 on every path
 
 
 @pytest.mark.parametrize("shape", [[2, 5, 6, 7], [2, 4, 4, 16]])  # the op views whole rows of 64 as 2-D
