@@ -3,7 +3,8 @@
 Paddle 3.3.1 has no CPU bf16 training kernels, but ppdlx's oneDNN convolution computes in bf16 from
 float32 or bf16 tensors (``ppdlx.ops.onednn.conv2d(bf16=True)``; a ResNet keeps its activations in
 bf16 between the layers, ``ppdlx.engine.cpu_bf16_activations``): float32 master weights, loss and
-optimizer as before, no loss scaling (bf16 has float32's range), what PyTorch's CPU autocast does. bf16 hardware (avx512_bf16 / amx_bf16) is necessary but not enough: on some CPUs with it
+optimizer as before, no loss scaling (bf16 has float32's range), what PyTorch's CPU autocast does.
+bf16 hardware (avx512_bf16 / amx_bf16) is necessary but not enough: on some CPUs with it
 oneDNN's bf16 kernels are no faster than float32 (docs/cpu_speed.md). So ``amp.cpu_bf16: auto``
 times both once per kind of machine -- a training step of one of ResNet50's bottleneck blocks, each
 side the way training runs it (float32: 3x3 through oneDNN, stride-1 1x1 as matmuls; bf16: every

@@ -24,9 +24,11 @@ from ppdlx.ops import onednn
 
 def _is_onednn_conv_norm(layer) -> bool:
     """A ConvNormAct whose conv was switched to the oneDNN op, with no bias, and a BN + ReLU/none."""
-    conv, bn = getattr(layer, "conv", None), getattr(layer, "bn", None)
-    return (type(layer) is ConvNormAct and type(conv) is paddle.nn.Conv2D and conv.bias is None
-            and conv._data_format == "NHWC" and hasattr(conv, "_onednn_paddings")
+    if type(layer) is not ConvNormAct:
+        return False
+    conv, bn = layer.conv, layer.bn
+    return (type(conv) is paddle.nn.Conv2D and conv.bias is None and conv._data_format == "NHWC"
+            and hasattr(conv, "_onednn_paddings")
             and type(bn) is BatchNormAct2D and type(bn.act) in (paddle.nn.ReLU, paddle.nn.Identity))
 
 
