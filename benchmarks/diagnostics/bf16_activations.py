@@ -12,7 +12,6 @@ plan, kept here only to measure the step from it.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -53,7 +52,9 @@ def worker(args):
 
 
 def driver(args):
+    from ppdlx.benchmarks.infer import load_deploy_module
     from ppdlx.cpu_features import cpu_features
+    ratio_stats = load_deploy_module().ratio_stats  # the benchmarks' per-round ratios and their spread
     per_round = {case: [] for case in CASES}
     for round_index in range(args.rounds):
         for case in CASES if round_index % 2 == 0 else CASES[::-1]:
@@ -65,8 +66,7 @@ def driver(args):
             print(f"round {round_index} {case}: {per_round[case][-1]:.2f} img/s", flush=True)
 
     def ratio(a, b):
-        values = [x / y for x, y in zip(per_round[a], per_round[b])]
-        return {"median": statistics.median(values), "min": min(values), "max": max(values), "per_round": values}
+        return ratio_stats(per_round[a], per_round[b])
     report = {"cpu": cpu_features(), "size": args.size, "batch_size": args.batch_size, "threads": args.threads,
               "steps": args.steps, "rounds": args.rounds, "images_per_s_per_round": per_round,
               "ratios": {"bf16-activations / bf16-convolutions": ratio("bf16-activations", "bf16-convolutions"),

@@ -12,7 +12,6 @@ Not a ``tools/benchmark.py`` runtime: OpenVINO's own package is not a ppdlx depe
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -70,6 +69,10 @@ def worker(args):
 
 
 def driver(args):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from ppdlx.benchmarks.infer import load_deploy_module
+    from ppdlx.cpu_features import cpu_features
+    ratio_stats = load_deploy_module().ratio_stats  # the benchmarks' per-round ratios and their spread
     rows = []
     for batch_size in args.batch_sizes:
         medians = {r: [] for r in RUNTIMES}
@@ -84,15 +87,13 @@ def driver(args):
                                      env={**os.environ, "PYTHONWARNINGS": "ignore"})
                 medians[runtime].append(json.loads(out.stdout.strip().splitlines()[-1])["median_ms"])
         for runtime in RUNTIMES[1:]:
-            ratios = [a / b for a, b in zip(medians[runtime], medians["onnxruntime"])]
+            ratio = ratio_stats(medians[runtime], medians["onnxruntime"])
             rows.append({"batch_size": batch_size, "runtime": runtime, "round_ms": medians[runtime],
-                         "onnxruntime_round_ms": medians["onnxruntime"], "ratio_median": statistics.median(ratios),
-                         "ratio_min": min(ratios), "ratio_max": max(ratios)})
-            print(f"bs {batch_size} {runtime} / onnxruntime: {statistics.median(ratios):.3f} "
-                  f"({min(ratios):.3f}-{max(ratios):.3f})")
+                         "onnxruntime_round_ms": medians["onnxruntime"], "ratio_median": ratio["median"],
+                         "ratio_min": ratio["min"], "ratio_max": ratio["max"]})
+            print(f"bs {batch_size} {runtime} / onnxruntime: {ratio['median']:.3f} "
+                  f"({ratio['min']:.3f}-{ratio['max']:.3f})")
     if args.report:
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-        from ppdlx.cpu_features import cpu_features
         with open(args.report, "w") as f:
             json.dump({"cpu": cpu_features(), "threads": args.threads, "rounds": args.rounds, "steps": args.steps,
                        "rows": rows}, f, indent=1)
