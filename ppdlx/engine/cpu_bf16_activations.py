@@ -7,7 +7,9 @@ which on a CPU with bf16 hardware saves those roundings and half the memory traf
 (docs/cpu_speed.md, AMD EPYC Zen 4). Paddle 3.3.1 has no CPU bf16 add or ReLU, so this is done
 where ppdlx's oneDNN ops cover a whole network: ResNet's stem, max pool and bottleneck blocks run
 with bf16 tensors between them (convolution -> batch norm + ReLU -> ... -> add + ReLU), and the
-last block's output is cast to float32 for the pooling, classifier and loss. Weights, their
+last block's output is cast to float32 for the pooling, classifier and loss. A block's input feeds
+its first convolution and its shortcut through ``onednn.fork``, so oneDNN sums the two gradients
+(Paddle sums two bf16 gradients on one thread, element by element). Weights, their
 gradients, batch-norm statistics and the optimizer stay float32. Evaluation, and a batch norm
 with fixed statistics, take the model's own float32 forward.
 """
@@ -64,7 +66,8 @@ def conv_norm(layer, x, bf16: bool = True):
 
 def bottleneck(block, x, bf16: bool = True):
     """A ResNet bottleneck block in training mode, bf16 in and out (or float32 with ``bf16=False``)."""
-    identity = x if block.shortcut is None else conv_norm(block.shortcut, x, bf16)
+    x, shortcut_input = onednn.fork(x)
+    identity = shortcut_input if block.shortcut is None else conv_norm(block.shortcut, shortcut_input, bf16)
     if bf16 and identity.dtype != paddle.bfloat16:
         identity = identity.astype(paddle.bfloat16)
     y = conv_norm(block.conv3, conv_norm(block.conv2, conv_norm(block.conv1, x, bf16), bf16), bf16)

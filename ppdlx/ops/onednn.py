@@ -1,4 +1,4 @@
-"""oneDNN convolution, batch norm, max pool and add + ReLU for CPU dygraph training
+"""oneDNN convolution, batch norm, max pool, add + ReLU and fork for CPU dygraph training
 (``ppdlx/ops/onednn_kernels.cc``, ``onednn_norm_pool.cc``).
 
 The ops are compiled once per machine with ``paddle.utils.cpp_extension`` against the oneDNN
@@ -89,7 +89,8 @@ def load():
                 extra_ldflags=["-l:libdnnl.so.3", f"-Wl,-rpath,{_paddle_libs()}"],
                 build_directory=str(build), verbose=False)
     _module = types.SimpleNamespace(conv2d=_op("ppdlx_onednn_conv2d"), batch_norm=_op("ppdlx_onednn_batch_norm"),
-                                    max_pool2d=_op("ppdlx_onednn_max_pool2d"), add_relu=_op("ppdlx_onednn_add_relu"))
+                                    max_pool2d=_op("ppdlx_onednn_max_pool2d"), add_relu=_op("ppdlx_onednn_add_relu"),
+                                    fork=_op("ppdlx_onednn_fork"))
     return _module
 
 
@@ -201,6 +202,13 @@ def add_relu(a, b):
     if not b.is_contiguous():
         b = b.contiguous()
     return load().add_relu(a, b)[0]
+
+
+def fork(x):
+    """``(x, x)`` sharing ``x``'s buffer, for a tensor two ops read: the backward sums their
+    gradients with oneDNN (Paddle's own sum of two bfloat16 gradients runs on one thread)."""
+    a, b = load().fork(x)
+    return a, b
 
 
 def _max_pool_forward(self, x):

@@ -235,6 +235,13 @@ PD_BUILD_GRAD_OP(ppdlx_onednn_max_pool2d)
 // the output is zero; both inputs get that gradient.
 namespace {
 
+// A 2-D view of `numel` elements: oneDNN's binary kernel ran the same data slower as 1-D
+// (docs/cpu_speed.md).
+memory::desc flat_desc(int64_t numel, bool bf16) {
+  return memory::desc(numel % 64 == 0 ? memory::dims{numel / 64, 64} : memory::dims{numel, 1}, dnnl_type(bf16),
+                      tag::ab);
+}
+
 struct AddReluPrimitives {
   dnnl::binary add_prim;
   dnnl::eltwise_backward relu_backward_prim;
@@ -246,9 +253,7 @@ const AddReluPrimitives& add_relu_primitives(int64_t numel, bool bf16) {
   key << numel << ';' << bf16;
   return cached<AddReluPrimitives>(key.str(), [&] {
     auto& engine = cpu_engine();
-    // A 2-D view of the data: oneDNN's binary kernel ran the same data slower as 1-D (docs/cpu_speed.md).
-    memory::desc data(numel % 64 == 0 ? memory::dims{numel / 64, 64} : memory::dims{numel, 1}, dnnl_type(bf16),
-                      tag::ab);
+    memory::desc data = flat_desc(numel, bf16);
     dnnl::post_ops relu;
     relu.append_eltwise(dnnl::algorithm::eltwise_relu, 0.f, 0.f);
     dnnl::primitive_attr attr;
@@ -318,3 +323,59 @@ PD_BUILD_GRAD_OP(ppdlx_onednn_add_relu)
     .Inputs({"Y", paddle::Grad("Y")})
     .Outputs({paddle::Grad("A"), paddle::Grad("B")})
     .SetKernelFn(PD_KERNEL(OneDNNAddReluBackward));
+
+// ---------------------------------------------------------------------------------------------
+// fork(x) = (x, x) sharing x's buffer, for a tensor read by two ops (a residual block's input:
+// its first convolution and its shortcut). Paddle would sum the two incoming gradients itself, and
+// for bfloat16 on CPU it does so on one thread, element by element (TensorAdd's Eigen fallback);
+// this op's backward sums them with oneDNN's binary add instead.
+namespace {
+
+const dnnl::binary& sum_primitive(int64_t numel, bool bf16) {
+  std::ostringstream key;
+  key << numel << ';' << bf16;
+  return cached<dnnl::binary>(key.str(), [&] {
+    memory::desc data = flat_desc(numel, bf16);
+    return dnnl::binary(dnnl::binary::primitive_desc(cpu_engine(), dnnl::algorithm::binary_add, data, data, data));
+  });
+}
+
+}  // namespace
+
+std::vector<paddle::Tensor> OneDNNForkForward(const paddle::Tensor& x) {
+  check_activation(x, "fork");
+  return {x, x};
+}
+
+std::vector<paddle::Tensor> OneDNNForkBackward(const paddle::Tensor& grad_a, const paddle::Tensor& grad_b) {
+  if (!grad_b.initialized()) return {grad_a};
+  if (!grad_a.initialized()) return {grad_b};
+  auto a = grad_a.is_contiguous() ? grad_a : grad_a.contiguous();
+  auto b = grad_b.is_contiguous() ? grad_b : grad_b.contiguous();
+  PD_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype(), "ppdlx onednn fork: the gradients differ in shape or type");
+  const memory::desc data = flat_desc(a.numel(), is_bf16(a));
+  auto grad_x = paddle::empty(a.shape(), a.dtype(), paddle::CPUPlace());
+  dnnl::stream stream(cpu_engine());
+  sum_primitive(a.numel(), is_bf16(a)).execute(
+      stream, {{DNNL_ARG_SRC_0, flat(data, a)}, {DNNL_ARG_SRC_1, flat(data, b)}, {DNNL_ARG_DST, flat(data, grad_x)}});
+  stream.wait();
+  return {grad_x};
+}
+
+std::vector<std::vector<int64_t>> OneDNNForkInferShape(const std::vector<int64_t>& x_shape) {
+  return {x_shape, x_shape};
+}
+
+std::vector<paddle::DataType> OneDNNForkInferDtype(const paddle::DataType& x_dtype) { return {x_dtype, x_dtype}; }
+
+PD_BUILD_OP(ppdlx_onednn_fork)
+    .Inputs({"X"})
+    .Outputs({"A", "B"})
+    .SetKernelFn(PD_KERNEL(OneDNNForkForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(OneDNNForkInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(OneDNNForkInferDtype));
+
+PD_BUILD_GRAD_OP(ppdlx_onednn_fork)
+    .Inputs({paddle::Grad("A"), paddle::Grad("B")})
+    .Outputs({paddle::Grad("X")})
+    .SetKernelFn(PD_KERNEL(OneDNNForkBackward));

@@ -230,3 +230,31 @@ def test_add_relu_matches_paddle_forward_and_backward(shape):
     assert float((out == 0).astype("float32").mean()) > 0.3  # the ReLU mask is exercised
     for grad, ref in zip(grads, ref_grads):
         assert grad.dtype == paddle.float32 and float((grad - ref).abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", [[2, 5, 6, 7], [2, 4, 4, 16]])
+def test_fork_shares_the_input_and_sums_gradients_like_paddle(shape, dtype):
+    paddle.seed(0)
+    x = paddle.randn(shape)
+    x.stop_gradient = False
+    a_probe, b_probe = paddle.randn(shape).astype(dtype), paddle.randn(shape).astype(dtype)
+    x_typed = x.astype(dtype)  # a non-leaf of the tested type: the gradient reaches x through a cast
+    # Paddle's own sum of the two uses' gradients, in the tested type (for bf16: its one-thread loop)
+    reference = paddle.grad([x_typed * 1, x_typed * 1], [x_typed], [a_probe, b_probe])[0]
+    a, b = onednn.fork(x_typed)
+    assert a.data_ptr() == b.data_ptr() == x_typed.data_ptr()  # no copy in the forward
+    assert a.dtype == b.dtype == x_typed.dtype and a.shape == b.shape == shape
+    grad = paddle.grad([a * 1, b * 1], [x_typed], [a_probe, b_probe])[0]
+    assert grad.dtype == reference.dtype
+    assert float((grad.astype("float32") - reference.astype("float32")).abs().max()) == 0.0
+    assert float(reference.astype("float32").abs().max()) > 1.0  # not a vacuous zero gradient
+
+
+def test_fork_passes_one_gradient_through_when_only_one_use_has_one():
+    x = paddle.randn([2, 4, 4, 16])
+    x.stop_gradient = False
+    for used in (0, 1):
+        outputs = onednn.fork(x)
+        grad = paddle.grad([outputs[used] * 3.0], [x])[0]
+        assert float((grad - 3.0).abs().max()) == 0.0
