@@ -10,7 +10,9 @@ trains in NHWC instead, where
   the oneDNN library inside Paddle's wheel), 1.2-2.2x faster than Paddle's kernels per layer;
 - every ``ppdlx.layers.BatchNormAct2D`` followed by ReLU or by nothing (the BatchNorms of every model
   family) trains in one oneDNN pass instead of two Paddle kernels (evaluation keeps Paddle's), and
-  max pooling runs through oneDNN too.
+  max pooling runs through oneDNN too;
+- a ResNet bottleneck ends its training forward with one oneDNN add + ReLU pass instead of Paddle's
+  add and ReLU kernels (exact in float32; one pass over the block's output, forward and backward).
 
 Weights keep their ``[Cout, Cin/groups, kh, kw]`` layout, so checkpoints and exports are unchanged
 (docs/cpu_speed.md has the measurements).
@@ -26,6 +28,7 @@ from ppdlx.cpu_env import keep_freed_memory
 from ppdlx.engine.cpu_bf16_activations import use_bf16_activations
 from ppdlx.errors import UnsupportedError
 from ppdlx.layers import BatchNormAct2D
+from ppdlx.models.resnet import Bottleneck
 from ppdlx.ops import onednn
 
 log = logging.getLogger("ppdlx")
@@ -122,9 +125,14 @@ def switch_to_fast_kernels(model, bf16: bool = False) -> dict:
             layer.forward = types.MethodType(_batch_norm_act_forward, layer)
             norms += 1
     pools = onednn.use_onednn_max_pools(model)
+    add_relus = 0
+    for layer in model.sublayers(include_self=True):
+        if type(layer) is Bottleneck and type(layer.relu) is paddle.nn.ReLU:
+            layer.forward = types.MethodType(_bottleneck_add_relu_forward, layer)
+            add_relus += 1
     bf16_blocks = use_bf16_activations(model) if bf16 else 0
     return {"matmul": matmuls, "onednn": switched, "paddle": kept, "batch_norm": norms, "max_pool": pools,
-            "bf16": bf16, "bf16_activation_blocks": bf16_blocks}
+            "add_relu": add_relus, "bf16": bf16, "bf16_activation_blocks": bf16_blocks}
 
 
 def use_fast_cpu_kernels(model, bf16: bool = False) -> dict:
@@ -132,10 +140,10 @@ def use_fast_cpu_kernels(model, bf16: bool = False) -> dict:
     says in one line what runs where. Returns the counts."""
     counts = switch_to_fast_kernels(model, bf16)
     kept_memory = keep_freed_memory()
-    log.info("global.cpu_fast_kernels: %d convs%s, %d batch norms and %d max pools through oneDNN (NHWC), %d 1x1 "
-             "convs as matmuls, %d convs on Paddle's kernel%s%s", counts["onednn"],
-             " (bf16 while training)" if bf16 else "", counts["batch_norm"], counts["max_pool"], counts["matmul"],
-             counts["paddle"], f"; bf16 activations through {counts['bf16_activation_blocks']} residual blocks"
+    log.info("global.cpu_fast_kernels: %d convs%s, %d batch norms, %d max pools and %d residual add + ReLU through "
+             "oneDNN (NHWC), %d 1x1 convs as matmuls, %d convs on Paddle's kernel%s%s", counts["onednn"],
+             " (bf16 while training)" if bf16 else "", counts["batch_norm"], counts["max_pool"], counts["add_relu"],
+             counts["matmul"], counts["paddle"], f"; bf16 activations through {counts['bf16_activation_blocks']} residual blocks"
              if counts["bf16_activation_blocks"] else "",
              "" if kept_memory else "; freed memory goes back to the system (not glibc)")
     return counts
@@ -148,3 +156,10 @@ def _batch_norm_act_forward(self, x):
     if not self.training or self._use_global_stats:
         return BatchNormAct2D.forward(self, x)
     return onednn.batch_norm_train(x, self, type(self.act) is paddle.nn.ReLU, self._data_format == "NHWC")
+
+
+def _bottleneck_add_relu_forward(self, x):
+    # Evaluation keeps Paddle's add and ReLU, as the batch norms keep Paddle's kernels there.
+    identity = x if self.shortcut is None else self.shortcut(x)
+    y = self.conv3(self.conv2(self.conv1(x)))
+    return onednn.add_relu(y, identity) if self.training else self.relu(y + identity)

@@ -14,6 +14,7 @@ import pytest
 from ppdlx.cpu_features import cpu_features
 from ppdlx.engine.cpu_kernels import use_fast_cpu_kernels
 from ppdlx.models import MODELS
+from ppdlx.models.resnet import Bottleneck
 from ppdlx.layers import ConvNormAct as ConvBNAct
 from ppdlx.ops import onednn
 
@@ -122,6 +123,8 @@ def test_fast_kernels_keep_a_model_outputs_and_gradients(name, args):
     assert counts["onednn"] > 0 and counts["paddle"] == 0 and counts["batch_norm"] > 0
     assert counts["onednn"] + counts["matmul"] == len(convs)
     assert counts["max_pool"] == sum(type(l) is paddle.nn.MaxPool2D for l in models["nhwc_fast"].sublayers())
+    assert counts["add_relu"] == sum(type(l) is Bottleneck for l in models["nhwc_fast"].sublayers())
+    assert counts["add_relu"] > 0 or name.startswith("efficientnet")
     x = paddle.randn([4, 3, 32, 32])
     losses, grads = {}, {}
     for layout, model in models.items():
