@@ -143,7 +143,8 @@ def use_fast_cpu_kernels(model, bf16: bool = False) -> dict:
     log.info("global.cpu_fast_kernels: %d convs%s, %d batch norms, %d max pools and %d residual add + ReLU through "
              "oneDNN (NHWC), %d 1x1 convs as matmuls, %d convs on Paddle's kernel%s%s", counts["onednn"],
              " (bf16 while training)" if bf16 else "", counts["batch_norm"], counts["max_pool"], counts["add_relu"],
-             counts["matmul"], counts["paddle"], f"; bf16 activations through {counts['bf16_activation_blocks']} residual blocks"
+             counts["matmul"], counts["paddle"],
+             f"; bf16 activations through {counts['bf16_activation_blocks']} residual blocks"
              if counts["bf16_activation_blocks"] else "",
              "" if kept_memory else "; freed memory goes back to the system (not glibc)")
     return counts

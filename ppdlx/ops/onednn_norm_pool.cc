@@ -352,7 +352,8 @@ std::vector<paddle::Tensor> OneDNNForkBackward(const paddle::Tensor& grad_a, con
   if (!grad_a.initialized()) return {grad_b};
   auto a = grad_a.is_contiguous() ? grad_a : grad_a.contiguous();
   auto b = grad_b.is_contiguous() ? grad_b : grad_b.contiguous();
-  PD_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype(), "ppdlx onednn fork: the gradients differ in shape or type");
+  PD_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype(),
+           "ppdlx onednn fork: the gradients differ in shape or type");
   const memory::desc data = flat_desc(a.numel(), is_bf16(a));
   auto grad_x = paddle::empty(a.shape(), a.dtype(), paddle::CPUPlace());
   dnnl::stream stream(cpu_engine());
