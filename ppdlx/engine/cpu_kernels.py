@@ -119,17 +119,15 @@ def switch_to_fast_kernels(model, bf16: bool = False) -> dict:
     matmuls = 0 if bf16 else conv1x1_as_matmul(model, strided=False)
     switched, kept = onednn.use_onednn_convs(
         model, skip=lambda layer: not bf16 and _is_matmul_1x1(layer, strided=False), bf16=bf16)
-    norms = 0
+    norms = add_relus = 0
     for layer in model.sublayers(include_self=True):
         if type(layer) is BatchNormAct2D and type(layer.act) in (paddle.nn.ReLU, paddle.nn.Identity):
             layer.forward = types.MethodType(_batch_norm_act_forward, layer)
             norms += 1
-    pools = onednn.use_onednn_max_pools(model)
-    add_relus = 0
-    for layer in model.sublayers(include_self=True):
-        if type(layer) is Bottleneck and type(layer.relu) is paddle.nn.ReLU:
+        elif type(layer) is Bottleneck and type(layer.relu) is paddle.nn.ReLU:
             layer.forward = types.MethodType(_bottleneck_add_relu_forward, layer)
             add_relus += 1
+    pools = onednn.use_onednn_max_pools(model)
     bf16_blocks = use_bf16_activations(model) if bf16 else 0
     return {"matmul": matmuls, "onednn": switched, "paddle": kept, "batch_norm": norms, "max_pool": pools,
             "add_relu": add_relus, "bf16": bf16, "bf16_activation_blocks": bf16_blocks}
