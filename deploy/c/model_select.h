@@ -63,10 +63,11 @@ static int ppdlx_pb_varint(PpdlxSpan *s, unsigned long long *v) {
   return 0;
 }
 
-static int ppdlx_pb_next(PpdlxSpan *s, unsigned *field, PpdlxSpan *value) {
+static int ppdlx_pb_next_typed(PpdlxSpan *s, unsigned *field, unsigned *wire, PpdlxSpan *value) {
   unsigned long long key, len;
   if (s->p >= s->end || !ppdlx_pb_varint(s, &key)) return 0;
   *field = (unsigned)(key >> 3);
+  *wire = (unsigned)(key & 7);
   value->p = value->end = s->p;
   switch (key & 7) {
     case 0: return ppdlx_pb_varint(s, &len);
@@ -79,6 +80,16 @@ static int ppdlx_pb_next(PpdlxSpan *s, unsigned *field, PpdlxSpan *value) {
       return 1;
     default: return 0;
   }
+}
+
+static int ppdlx_pb_next(PpdlxSpan *s, unsigned *field, PpdlxSpan *value) {
+  unsigned wire;
+  return ppdlx_pb_next_typed(s, field, &wire, value);
+}
+
+static int ppdlx_span_is(PpdlxSpan s, const char *str) {
+  size_t len = strlen(str);
+  return (size_t)(s.end - s.p) == len && !memcmp(s.p, str, len);
 }
 
 /* A QAT/PTQ export carries (fake) (de)quantize ops. A legacy .pdmodel is a ProgramDesc: the op
@@ -113,6 +124,131 @@ static int ppdlx_is_quantized(const char *path) {
   }
   free(data);
   return found;
+}
+
+/* trt_support_nhwc_pass (paddle/fluid/framework/ir/trt_support_nhwc_pass.cc) turns an NHWC op to NCHW
+ * only if it knows the op's weights; any other op marked NHWC (attribute data_format or data_layout)
+ * whose inputs are all 4-D stops the pass with "op not supported" when the predictor is built. The
+ * same lists as NHWC_PASS_SWITCHES and NHWC_PASS_LEAVES in deploy/python/ppdlx_deploy/trt.py. */
+static const char *const PPDLX_NHWC_PASS_KNOWS[] = {
+    "conv2d", "pool2d", "batch_norm", "bilinear_interp", "bilinear_interp_v2", "nearest_interp", "nearest_interp_v2",
+    "prelu", "relu", "elementwise_add", "affine_channel", "softmax", "temporal_shift", NULL};
+
+#define PPDLX_MAX_UNSWITCHABLE 16
+
+typedef struct { PpdlxSpan name; int rank; } PpdlxVarRank;
+
+/* VarDesc type(2) -> VarType dense_tensor(3) -> DenseTensorDesc tensor(1) -> TensorDesc dims(2),
+ * packed or not; -1 for a variable that is not a dense tensor. */
+static int ppdlx_var_rank(PpdlxSpan var) {
+  PpdlxSpan type, dense, tensor, value;
+  unsigned field, wire;
+  while (ppdlx_pb_next(&var, &field, &type)) {
+    if (field != 2) continue;
+    while (ppdlx_pb_next(&type, &field, &dense)) {
+      if (field != 3) continue;
+      while (ppdlx_pb_next(&dense, &field, &tensor)) {
+        if (field != 1) continue;
+        int rank = 0;
+        while (ppdlx_pb_next_typed(&tensor, &field, &wire, &value)) {
+          if (field != 2) continue;
+          if (wire == 0) { ++rank; continue; }
+          unsigned long long dim;
+          while (value.p < value.end && ppdlx_pb_varint(&value, &dim)) ++rank;
+        }
+        return rank;
+      }
+    }
+  }
+  return -1;
+}
+
+static int ppdlx_rank_of(const PpdlxVarRank *vars, size_t n, PpdlxSpan name) {
+  for (size_t i = 0; i < n; ++i)
+    if (vars[i].name.end - vars[i].name.p == name.end - name.p &&
+        !memcmp(vars[i].name.p, name.p, (size_t)(name.end - name.p)))
+      return vars[i].rank;
+  return -1;
+}
+
+/* Whether an OpDesc is one trt_support_nhwc_pass stops on; its type goes to *type. */
+static int ppdlx_op_stops_nhwc_pass(PpdlxSpan op, const PpdlxVarRank *vars, size_t n_vars, PpdlxSpan *type) {
+  PpdlxSpan value, part, inner, data_format = {NULL, NULL}, data_layout = {NULL, NULL};
+  unsigned field;
+  int inputs_4d = 1;
+  type->p = type->end = NULL;
+  for (PpdlxSpan s = op; ppdlx_pb_next(&s, &field, &value);) {
+    if (field == 3) {
+      *type = value;
+    } else if (field == 4) { /* Attr: name(1), s(5) */
+      PpdlxSpan name = {NULL, NULL}, str = {NULL, NULL};
+      for (part = value; ppdlx_pb_next(&part, &field, &inner);) {
+        if (field == 1) name = inner;
+        else if (field == 5) str = inner;
+      }
+      if (name.p && ppdlx_span_is(name, "data_format")) data_format = str;
+      else if (name.p && ppdlx_span_is(name, "data_layout")) data_layout = str;
+    } else if (field == 1) { /* inputs: Var parameter(1), arguments(2) */
+      for (part = value; ppdlx_pb_next(&part, &field, &inner);)
+        if (field == 2 && ppdlx_rank_of(vars, n_vars, inner) != 4) inputs_4d = 0;
+    }
+  }
+  PpdlxSpan layout = data_format.p ? data_format : data_layout; /* data_format wins, as in the pass */
+  if (!layout.p || !ppdlx_span_is(layout, "NHWC") || !inputs_4d || !type->p) return 0;
+  for (const char *const *known = PPDLX_NHWC_PASS_KNOWS; *known; ++known)
+    if (ppdlx_span_is(*type, *known)) return 0;
+  return 1;
+}
+
+static int ppdlx_compare_names(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The sorted, comma-separated op types of a legacy program that trt_support_nhwc_pass stops on
+ * (empty when none): ProgramDesc blocks(1) -> vars(3) and ops(4). Returns 0 if the file cannot be read. */
+static int ppdlx_nhwc_ops_the_pass_cannot_switch(const char *path, char *out, size_t out_size) {
+  size_t size = 0;
+  unsigned char *data = ppdlx_read_file(path, &size);
+  out[0] = '\0';
+  if (!data) return 0;
+  char found[PPDLX_MAX_UNSWITCHABLE][64];
+  const char *names[PPDLX_MAX_UNSWITCHABLE];
+  size_t n_found = 0;
+  PpdlxSpan program = {data, data + size}, block, value, type;
+  unsigned field;
+  while (ppdlx_pb_next(&program, &field, &block)) {
+    if (field != 1) continue;
+    size_t n_vars = 0, cap = 0;
+    PpdlxVarRank *vars = NULL;
+    for (PpdlxSpan s = block; ppdlx_pb_next(&s, &field, &value);) {
+      if (field != 3) continue;
+      if (n_vars == cap) {
+        PpdlxVarRank *grown = (PpdlxVarRank *)realloc(vars, (cap = cap ? 2 * cap : 64) * sizeof *vars);
+        if (!grown) break;
+        vars = grown;
+      }
+      PpdlxSpan var = value, name = {NULL, NULL}, part;
+      while (ppdlx_pb_next(&var, &field, &part))
+        if (field == 1) name = part;
+      vars[n_vars].name = name;
+      vars[n_vars++].rank = ppdlx_var_rank(value);
+    }
+    for (PpdlxSpan s = block; ppdlx_pb_next(&s, &field, &value);) {
+      if (field != 4 || !ppdlx_op_stops_nhwc_pass(value, vars, n_vars, &type)) continue;
+      char name[64];
+      snprintf(name, sizeof name, "%.*s", (int)(type.end - type.p), (const char *)type.p);
+      size_t i = 0;
+      while (i < n_found && strcmp(found[i], name)) ++i;
+      if (i == n_found && n_found < PPDLX_MAX_UNSWITCHABLE) memcpy(found[n_found++], name, sizeof name);
+    }
+    free(vars);
+  }
+  free(data);
+  for (size_t i = 0; i < n_found; ++i) names[i] = found[i];
+  qsort(names, n_found, sizeof *names, ppdlx_compare_names);
+  for (size_t i = 0, used = 0; i < n_found && used < out_size; ++i)
+    used += (size_t)snprintf(out + used, out_size - used, "%s%s", i ? ", " : "", names[i]);
+  return 1;
 }
 
 /* Fills *out, or returns an exit code (2: missing/ambiguous files, 3: a combination that would not
@@ -158,6 +294,14 @@ static int ppdlx_choose_program(const char *model_dir, const char *backend, cons
       snprintf(err, err_size,
                "--backend trt --precision int8: inference.pdmodel has no quantize ops and this program does not "
                "calibrate; export a QAT/PTQ model, or calibrate with deploy/python/infer.py --calib-dir");
+      return 3;
+    }
+    char unswitchable[512];
+    if (ppdlx_nhwc_ops_the_pass_cannot_switch(out->prog, unswitchable, sizeof unswitchable) && unswitchable[0]) {
+      snprintf(err, err_size,
+               "--backend trt: inference.pdmodel is an NHWC program with %s ops, which Paddle-TRT's "
+               "trt_support_nhwc_pass cannot turn to NCHW (it stops building the predictor); re-export with "
+               "-o export.data_format=NCHW (the same weights)", unswitchable);
       return 3;
     }
     out->engine = "paddle-trt-subgraph";

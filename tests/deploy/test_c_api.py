@@ -145,6 +145,35 @@ def test_c_program_keeps_engines_per_model_content_and_settings(select_program, 
     assert first not in others and len(others) == 3
 
 
+def test_c_program_refuses_trt_on_an_nhwc_program_the_nhwc_pass_stops_on(select_program, tmp_path):
+    """Before: infer.c built the TRT predictor on an NHWC program with a depthwise convolution, which
+    trt_support_nhwc_pass stops on ("op not supported"); now it refuses it before, like the Python plan."""
+    import paddle
+    from ppdlx.benchmarks.infer import load_deploy_module
+    from ppdlx.export.paddle_export import save_classifier
+    D = load_deploy_module()
+
+    def nhwc(*extra):
+        return paddle.nn.Sequential(paddle.nn.Conv2D(3, 8, 3, padding=1, data_format="NHWC"), *extra,
+                                    paddle.nn.ReLU(), paddle.nn.AdaptiveAvgPool2D(1, data_format="NHWC"),
+                                    paddle.nn.Flatten())
+    dirs = {name: save_classifier(layer, str(tmp_path / name), 8, 8, data_format="NHWC", fmt="program").model_dir
+            for name, layer in (("plain", nhwc()),
+                                ("depthwise", nhwc(paddle.nn.Conv2D(8, 8, 3, padding=1, groups=8, data_format="NHWC"))))}
+    refused = select_program(dirs["depthwise"], "trt", "fp16")
+    assert D.trt.nhwc_ops_the_pass_cannot_switch(os.path.join(dirs["depthwise"], "inference.pdmodel")) == \
+        ["depthwise_conv2d"]
+    assert refused.returncode == 3 and refused.stdout == ""
+    assert refused.stderr == (
+        "error: --backend trt: inference.pdmodel is an NHWC program with depthwise_conv2d ops, which Paddle-TRT's "
+        "trt_support_nhwc_pass cannot turn to NCHW (it stops building the predictor); re-export with "
+        "-o export.data_format=NCHW (the same weights)\n")
+    plain = select_program(dirs["plain"], "trt", "fp16")
+    assert D.trt.nhwc_ops_the_pass_cannot_switch(os.path.join(dirs["plain"], "inference.pdmodel")) == []
+    assert plain.returncode == 0 and plain.stdout.split()[0] == "paddle-trt-subgraph"
+    assert select_program(dirs["depthwise"], "gpu", "fp16").stdout.split()[0] == "cuda"
+
+
 def test_infer_c_decides_through_model_select():
     with open(os.path.join(ROOT, "deploy", "c", "infer.c"), encoding="utf-8") as f:
         source = f.read()
