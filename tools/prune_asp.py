@@ -62,7 +62,7 @@ def prune(args):
                           "pass -o model.weights=<dense checkpoint prefix> (or train.resume=auto to continue)")
     cfg = cfg.replace({"asp.enabled": True})
     from ppdlx.engine import dist
-    from ppdlx.engine.builders import build_model, count_params
+    from ppdlx.engine.builders import build_model, count_trainable_params
     from ppdlx.engine.preprocess_cfg import resolve_preprocessing
     from ppdlx.models.info import config_resolution, model_info
     from ppdlx.engine.run import train
@@ -79,7 +79,7 @@ def prune(args):
     fresh = build_model(cfg)  # a dynamic copy of the architecture (the trained one may be a static program)
     macs = model_info(fresh, config_resolution(resolve_preprocessing(cfg), fresh.default_cfg))["macs_by_layer"]
     add_flops(rows, macs)
-    summary = summarize(rows, count_params(fresh), macs, hook.rules.n, hook.rules.m)
+    summary = summarize(rows, count_trainable_params(fresh), macs, hook.rules.n, hook.rules.m)
     print(format_table(rows))
     for line in summary_lines(summary):
         print(line)

@@ -66,5 +66,7 @@ def build_registered(name: str, num_classes: int, args: dict):
     return model
 
 
-def count_params(model) -> int:
+def count_trainable_params(model) -> int:
+    """The parameters the optimizer updates (frozen ones and BN statistics left out); ppdlx.models.info.count_params
+    counts every weight, frozen or not."""
     return int(sum(int(np.prod(p.shape)) for p in model.parameters() if not p.stop_gradient))

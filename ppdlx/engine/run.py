@@ -25,7 +25,7 @@ from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine import hooks as std
 from ppdlx.engine.amp import build_scaler, check_image_dtype, decorate_o2, plan_amp
 from ppdlx.engine.analysis import write_analysis
-from ppdlx.engine.builders import count_params, seed_everything
+from ppdlx.engine.builders import count_trainable_params, seed_everything
 from ppdlx.engine.cpu_kernels import use_fast_cpu_kernels
 from ppdlx.engine.dynamic_step import DynamicStep, compile_forward
 from ppdlx.engine.ema import ModelEMA
@@ -109,7 +109,7 @@ def _assemble_training(cfg, hooks, amp, task, env, resume_path) -> Trainer:
     seed_everything(cfg.global_.seed + env.rank)
     steps = optimizer_steps_per_epoch(len(data.train_loader), cfg.train.accumulate, cfg.train.steps_per_epoch)
     global_batch = cfg.data.batch_size * env.world_size * cfg.train.accumulate
-    n_params = count_params(model)
+    n_params = count_trainable_params(model)
     if graph == "static":
         lr_schedule = build_lr_schedule(cfg, global_batch, steps)
         step = _static_step(run_cfg, task, plan, model, data, lr_schedule)

@@ -1,12 +1,12 @@
 import numpy as np
 import paddle
 
-from ppdlx.engine.builders import count_params
+from ppdlx.engine.builders import count_trainable_params
 from ppdlx.models import build_model
 
 
 def test_resnet50_parameter_count():
-    assert count_params(build_model("resnet50", num_classes=1000)) == 25_557_032
+    assert count_trainable_params(build_model("resnet50", num_classes=1000)) == 25_557_032
 
 
 def test_downsampling_stride_is_on_the_3x3_conv():
