@@ -317,10 +317,30 @@ static uint64_t ppdlx_fnv1a(const unsigned char *p, size_t n, uint64_t h) {
   return h;
 }
 
-/* The folder for this program's TensorRT engines under base: one per model content and engine
- * settings. Paddle names a serialised engine after its subgraph's variable names only, so in a
- * shared folder a retrained model of the same architecture would load the old engine, weights
- * included. Returns 0, or 2 with a message in err when a model file cannot be read. */
+/* mkdir -p: 0 when path is a folder afterwards. */
+static int ppdlx_make_dirs(const char *path) {
+  char partial[PPDLX_PATH_MAX];
+  size_t n = strlen(path);
+  if (n == 0 || n >= sizeof partial) return -1;
+  memcpy(partial, path, n + 1);
+  for (size_t i = 1; i <= n; ++i) {
+    if (partial[i] != '/' && partial[i] != '\0') continue;
+    char kept = partial[i];
+    partial[i] = '\0';
+    struct stat st;
+    if (stat(partial, &st) != 0 && mkdir(partial, 0755) != 0) return -1;
+    partial[i] = kept;
+  }
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+}
+
+/* The folder for this program's TensorRT engines under base, created with its parents (Paddle's
+ * PD_ConfigSetOptimCacheDir folder gets a single mkdir, which fails without its parent): one per
+ * model content and engine settings. Paddle names a serialised engine after its subgraph's variable
+ * names only, so in a shared folder a retrained model of the same architecture would load the old
+ * engine, weights included. Returns 0, or 2 with a message in err when a model file cannot be read
+ * or the folder cannot be made. */
 static int ppdlx_engine_cache_dir(const char *base, const ProgramChoice *c, const char *precision,
                                   const char *settings, char *out, size_t out_size, char *err, size_t err_size) {
   uint64_t h = 14695981039346656037ULL;
@@ -338,6 +358,10 @@ static int ppdlx_engine_cache_dir(const char *base, const ProgramChoice *c, cons
   h = ppdlx_fnv1a((const unsigned char *)precision, strlen(precision), h);
   h = ppdlx_fnv1a((const unsigned char *)settings, strlen(settings), h);
   snprintf(out, out_size, "%s/subgraph_%s_%016llx", base, precision, (unsigned long long)h);
+  if (ppdlx_make_dirs(out) != 0) {
+    snprintf(err, err_size, "--trt-cache %s: cannot create %s; give a writable --trt-cache DIR", base, out);
+    return 2;
+  }
   return 0;
 }
 

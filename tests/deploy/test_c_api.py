@@ -134,6 +134,12 @@ def test_c_program_keeps_engines_per_model_content_and_settings(select_program, 
 
     first = engine_dir(exported["program"])
     assert os.path.dirname(first) == str(tmp_path / "cache") and os.path.basename(first).startswith("subgraph_fp16_")
+    # created with its parents: Paddle's PD_ConfigSetOptimCacheDir makes only the last folder
+    assert os.path.isdir(first)
+    (tmp_path / "file").write_text("")
+    blocked = select_program(exported["program"], "trt", "fp16", str(tmp_path / "file" / "cache"), "max_batch=8")
+    assert blocked.returncode == 2 and blocked.stderr.startswith(
+        f"error: --trt-cache {tmp_path / 'file' / 'cache'}: cannot create {tmp_path / 'file' / 'cache'}/subgraph_fp16_")
     assert engine_dir(exported["program"]) == first
     retrained = tmp_path / "retrained"
     shutil.copytree(exported["program"], retrained)

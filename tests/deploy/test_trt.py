@@ -220,6 +220,66 @@ def test_subgraph_engines_are_kept_per_model_content_and_settings(exports, tmp_p
     assert plan["cache_dir"] == first
 
 
+def test_subgraph_engines_are_kept_per_gpu_and_tensorrt_version(exports, tmp_path):
+    """Before: the key held the model and settings only, so a cache built on an A100 (or with another
+    TensorRT) handed its engines to an A10, where Paddle fails to deserialise them."""
+    def engine_dir(**environment):
+        env = dict({"paddle": "3.3.1", "tensorrt": "10.5.0", "gpu": "NVIDIA A100-SXM4-80GB", "capability": [8, 0]},
+                   **environment)
+        return _plan(exports["program"], "trt", "fp16", cache_dir=str(tmp_path), trt_environment=env)["cache_dir"]
+
+    a100 = engine_dir()
+    assert engine_dir() == a100
+    others = {engine_dir(gpu="NVIDIA A10", capability=[8, 6]), engine_dir(tensorrt="10.6.0"), engine_dir(paddle="3.4.0")}
+    assert a100 not in others and len(others) == 3
+    here = T.trt_environment(0)  # this CPU build: no GPU, no TensorRT
+    assert here["paddle"] == paddle.__version__ and here["gpu"] is None and here["tensorrt"] == "0.0.0"
+
+
+def test_the_engine_cache_folder_is_created_with_its_parents(exports, tmp_path):
+    """Paddle creates only the last folder of set_optim_cache_dir (one mkdir), and the subgraph plan's
+    folder is CACHE/subgraph_<precision>_<key> under a CACHE that does not exist before the first run:
+    building the predictor failed. Shown on a CPU predictor, where Paddle makes the same mkdir when it
+    saves the optimised program."""
+    cache = str(tmp_path / "cache" / "subgraph_fp32_0123")
+    plan = _plan(exports["program"], "paddle-cpu", "fp32")
+    calls = plan["calls"] + [D.config_calls.plan_call("set_optim_cache_dir", cache),
+                             D.config_calls.plan_call("enable_save_optim_model", True)]
+    config = paddle.inference.Config(plan["model_file"], plan["params_file"])
+    D.config_calls.apply_plan(config, calls)
+    predictor = paddle.inference.create_predictor(config)
+    assert os.path.isdir(cache) and predictor.get_input_names() == ["image"]
+    trt_cache = _plan(exports["program"], "trt", "fp16", cache_dir=str(tmp_path / "trt"))["cache_dir"]
+    D.config_calls.apply_plan(paddle.inference.Config(plan["model_file"], plan["params_file"]),
+                              [D.config_calls.plan_call("set_optim_cache_dir", trt_cache)])
+    assert os.path.isdir(trt_cache)
+
+
+def test_calibration_tables_are_moved_where_paddle_reads_them(exports, tmp_path):
+    """Paddle writes the int8 calibration table into _opt_cache next to the program when the
+    calibrating predictor is destroyed, but reads it from the optimisation cache dir: before, every
+    calibration ended in "the calibration run wrote no table" and int8 was never served."""
+    import time
+    model_dir = str(tmp_path / "model")
+    shutil.copytree(exports["program"], model_dir)
+    plan = _plan(model_dir, "trt", "int8", cache_dir=str(tmp_path / "c"))
+    written = os.path.join(model_dir, "_opt_cache")
+    os.makedirs(written)
+    stale = os.path.join(written, "trt_calib_older")
+    with open(stale, "w") as f:
+        f.write("an earlier run's table")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    started = time.time()
+    with open(os.path.join(written, "trt_calib_7081295716"), "w") as f:
+        f.write("TRT-8601-EntropyCalibration2")
+    assert T.trt_calibration_tables(plan["cache_dir"]) == []
+    moved = T.move_calibration_tables(plan, started)
+    assert moved == [os.path.join(plan["cache_dir"], "trt_calib_7081295716")]
+    assert T.trt_calibration_tables(plan["cache_dir"]) == moved and os.listdir(written) == ["trt_calib_older"]
+    with open(moved[0]) as f:
+        assert f.read() == "TRT-8601-EntropyCalibration2"
+
+
 def test_collected_shapes_that_changed_drop_the_serialised_engines(exports, tmp_path):
     plan = _plan(exports["program"], "trt", "fp16", cache_dir=str(tmp_path / "c"), shape_source="collect")
     assert os.path.dirname(plan["shape_file"]) == plan["cache_dir"]

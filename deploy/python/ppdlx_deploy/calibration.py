@@ -3,6 +3,7 @@ calibration consumes), and Paddle-TRT's calibration run, which turns them into t
 int8 engines are built from."""
 from __future__ import annotations
 
+import time
 from typing import Dict, Iterator, List, Optional
 
 import numpy as np
@@ -10,7 +11,7 @@ import numpy as np
 from .errors import UnsupportedError
 from .predictors import PaddlePredictor
 from .preprocess import Preprocessor, list_images
-from .trt import trt_calibration_tables
+from .trt import move_calibration_tables, trt_calibration_tables
 
 
 def calibration_feeds(calib_dir: str, preprocessor: Preprocessor, batch_size: int,
@@ -26,13 +27,16 @@ def calibration_feeds(calib_dir: str, preprocessor: Preprocessor, batch_size: in
 def calibrate_trt(model_dir: str, meta: dict, plan: dict, calib_dir: str, batch_size: int, max_batches: int,
                   sample_feeds: Optional[List[Dict[str, np.ndarray]]] = None) -> List[str]:
     """Paddle-TRT int8 post-training calibration: run calibration batches through a predictor in
-    calibration mode; the table is written into the cache dir when that predictor is destroyed,
-    and the next predictor with the same plan builds int8 engines from it. Returns the tables."""
+    calibration mode; the table is written when that predictor is destroyed and moved into the
+    plan's cache dir, from which the next predictor with the same plan builds int8 engines. Returns
+    the tables."""
     preprocessor = Preprocessor(meta)
+    started = time.time()
     predictor = PaddlePredictor(model_dir, meta=meta, plan=plan, sample_feeds=sample_feeds)
     for feeds in calibration_feeds(calib_dir, preprocessor, batch_size, max_batches):
         predictor.run(feeds)
     del predictor
+    move_calibration_tables(plan, started)
     tables = trt_calibration_tables(plan["cache_dir"])
     if not tables:
         raise UnsupportedError(f"--calib-dir: the calibration run wrote no table (trt_calib_*) into "

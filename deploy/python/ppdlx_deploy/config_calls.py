@@ -2,6 +2,7 @@
 that can be inspected and tested without building a predictor, and applied to a real ``Config``."""
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 
@@ -28,6 +29,9 @@ def apply_plan(config, calls: Sequence[dict]):
             if key in kwargs:
                 kwargs[key] = getattr(PrecisionType, kwargs[key])
         args = list(step["args"])
+        if name == "set_optim_cache_dir":
+            # Paddle creates only the last folder of the path (a single mkdir) and fails without its parent
+            os.makedirs(args[0], exist_ok=True)
         if name in ("enable_onednn_int8", "enable_mkldnn_int8") and args:
             args[0] = set(args[0])  # plans are plain data (lists); pybind takes only a set here
         getattr(config, name)(*args, **kwargs)

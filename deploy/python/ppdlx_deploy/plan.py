@@ -72,10 +72,12 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
                quantized: Optional[bool] = None, cpu_flag_set: Optional[set] = None, tuned_cpu: bool = True,
                cpu_engine: str = "onednn", pir_trt_available: Optional[bool] = None,
                cpu_variant: Optional[str] = None, executor: str = "auto", memory_optim: bool = False,
-               onednn_fc: bool = True) -> dict:
+               onednn_fc: bool = True, trt_environment: Optional[dict] = None) -> dict:
     """The ``paddle.inference.Config`` calls for a backend/precision, as data (nothing is built;
-    paddle is imported only to read a .pdmodel's op list when ``quantized`` is not given, and to
-    probe ``paddle.tensorrt`` for a PIR export on ``trt`` when ``pir_trt_available`` is not given).
+    paddle is imported only to read a .pdmodel's op list when ``quantized`` is not given, to
+    probe ``paddle.tensorrt`` for a PIR export on ``trt`` when ``pir_trt_available`` is not given,
+    and to read the GPU / TensorRT / Paddle versions of a subgraph engine's cache key when
+    ``trt_environment`` is not given).
 
     Returns ``{"engine", "calls", "collect_calls", "notes", "model_file", "params_file", ...}``:
     ``engine`` is what runs the network (onednn, openvino, cuda, paddle-trt-subgraph, pir-trt,
@@ -196,7 +198,7 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
                                  cache_dir=cache_dir, shape_source=shape_source, shape_file=shape_file,
                                  trt_max_batch=trt_max_batch, workspace_bytes=workspace_bytes,
                                  min_subgraph_size=min_subgraph_size, quantized=quantized,
-                                 pir_trt_available=pir_trt_available))
+                                 pir_trt_available=pir_trt_available, environment=trt_environment))
             return plan
         plan["engine"] = "cuda"
         notes.append(f"engine cuda: Paddle GPU kernels, {'fp16 mixed precision' if precision == 'fp16' else 'fp32'}")

@@ -73,6 +73,20 @@ def subgraph_cache_dir(base: str, files: dict, settings: dict) -> str:
     return os.path.join(base, f"subgraph_{settings['precision']}_{digest}")
 
 
+def trt_environment(gpu_id: int) -> dict:
+    """What a serialised TensorRT engine is valid for besides the model and settings: the GPU
+    (name and compute capability: an A100 engine does not load on an A10), the TensorRT library
+    Paddle runs and Paddle's version. Paddle reloads any engine file of the same name it finds."""
+    import paddle
+    from paddle import inference
+    env = {"paddle": paddle.__version__,
+           "tensorrt": ".".join(str(v) for v in inference.get_trt_runtime_version()), "gpu": None}
+    if paddle.device.cuda.device_count() > int(gpu_id):
+        env["gpu"] = paddle.device.cuda.get_device_name(int(gpu_id))
+        env["capability"] = list(paddle.device.cuda.get_device_capability(int(gpu_id)))
+    return env
+
+
 # trt_support_nhwc_pass (paddle/fluid/framework/ir/trt_support_nhwc_pass.cc) switches an NHWC op to
 # NCHW only if it knows the op's weights; any other op marked NHWC (data_format or data_layout) whose
 # inputs are 4-D stops the pass with "op not supported" when the predictor is built.
@@ -119,9 +133,10 @@ def refuse_pir_without_converter(model_file: str, reason: str) -> UnsupportedErr
 def trt_plan(meta: dict, files: dict, precision: str, gpu_calls: List[dict], *, batch_size: int, gpu_id: int,
              cache_dir: Optional[str], shape_source: str, shape_file: Optional[str], trt_max_batch: Optional[int],
              workspace_bytes: Optional[int], min_subgraph_size: Optional[int], quantized: bool,
-             pir_trt_available: Optional[bool]) -> dict:
+             pir_trt_available: Optional[bool], environment: Optional[dict] = None) -> dict:
     """The TensorRT part of ``build_plan``: ``gpu_calls`` (enable_use_gpu, switch_ir_optim) plus
-    the route's calls. ``pir_trt_available`` None = try importing ``paddle.tensorrt`` when needed."""
+    the route's calls. ``pir_trt_available`` None = try importing ``paddle.tensorrt`` when needed;
+    ``environment`` None = :func:`trt_environment` of ``gpu_id`` (part of the engine cache key)."""
     if shape_source not in ("yml", "collect"):
         raise DeployError(f"--trt-shapes {shape_source}: choose yml or collect")
     trt = meta.get("tensorrt", {})
@@ -145,7 +160,7 @@ def trt_plan(meta: dict, files: dict, precision: str, gpu_calls: List[dict], *, 
                                    f"-o export.data_format=NCHW (the same weights)")
         use_calib = precision == "int8" and not quantized
         cache_dir = subgraph_cache_dir(cache_dir, files, {
-            "precision": precision, "workspace_size": workspace, "max_batch_size": int(max_batch),
+            "environment": environment or trt_environment(gpu_id), "precision": precision, "workspace_size": workspace, "max_batch_size": int(max_batch),
             "min_subgraph_size": min_subgraph, "calibration": bool(use_calib), "shape_source": shape_source,
             "shape_ranges": ranges if shape_source == "yml" else None})
         plan["cache_dir"] = cache_dir
@@ -214,6 +229,25 @@ def trt_calibration_tables(cache_dir: str) -> List[str]:
     return glob.glob(os.path.join(cache_dir, "**", "trt_calib_*"), recursive=True)
 
 
+def move_calibration_tables(plan: dict, since: float) -> List[str]:
+    """Paddle reads a calibration table from the optimisation cache dir (``GetTrtCalibTableData``
+    in tensorrt_subgraph_pass.cc) but writes it, when the calibrating predictor is destroyed
+    (``SaveTrtCalibToDisk`` in analysis_predictor.cc), into ``_opt_cache`` next to the program
+    whatever that dir is. The tables written since ``since`` (a ``time.time()``) are moved into the
+    plan's cache dir, where the serving predictor looks; returns their new paths."""
+    written = os.path.join(os.path.dirname(os.path.abspath(plan["model_file"])), "_opt_cache")
+    moved = []
+    for path in sorted(glob.glob(os.path.join(written, "trt_calib_*"))):
+        if os.path.getmtime(path) >= since:
+            os.makedirs(plan["cache_dir"], exist_ok=True)
+            target = os.path.join(plan["cache_dir"], os.path.basename(path))
+            os.replace(path, target)
+            moved.append(target)
+    if moved and not os.listdir(written):
+        os.rmdir(written)
+    return moved
+
+
 def drop_engines_of_other_shapes(plan: dict, previous_shapes: Optional[bytes]) -> List[str]:
     """After ``--trt-shapes collect`` wrote the shape file: engines serialised from a different
     earlier collection would be loaded under the same name, so they are deleted (and rebuilt)."""
@@ -272,18 +306,14 @@ def convert_pir_trt(spec: dict, sample_feeds=None) -> int:
     """Write ``spec["save_prefix"].json`` with ``pd_op.tensorrt_engine`` ops (or reuse a matching
     earlier conversion); returns the number of TensorRT engines in it."""
     import numpy as np
-    import paddle
     from paddle.tensorrt.export import Input, PrecisionMode, TensorRTConfig, convert
-    import tensorrt
 
     names = [i["name"] for i in spec["inputs"]]
     collect = spec["shape_source"] == "collect"
     if collect and not sample_feeds:
         raise DeployError("--trt-shapes collect needs sample inputs (--input images)")
     sample_shapes = [{n: list(f[n].shape) for n in names} for f in sample_feeds] if collect else None
-    environment = {"gpu": paddle.device.cuda.get_device_name(0), "tensorrt": tensorrt.__version__,
-                   "paddle": paddle.__version__}
-    key = pir_trt_key(spec, sample_shapes, environment)
+    key = pir_trt_key(spec, sample_shapes, trt_environment(0))
     prefix = spec["save_prefix"]
     key_file = prefix + ".ppdlx_key.json"
     if os.path.isfile(prefix + ".json") and os.path.isfile(key_file) and _has_files(prefix):
