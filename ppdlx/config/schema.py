@@ -170,7 +170,6 @@ class DaliConfig(Section):
     prefetch_queue_depth: int = Field(2, ge=1)
     # the training batches' dtype (float16 feeds an amp.dtype=float16 run on GPU); validation is float32
     output_dtype: Literal["float32", "float16"] = "float32"
-    pad_output: bool = False
     # A file DALI cannot decode: "skip" = warn once and leave it out (as the paddle.io path),
     # "error" = stop with a DataError naming it.
     corrupt_files: Literal["skip", "error"] = "skip"

@@ -36,7 +36,7 @@ import nvidia.dali.math as dmath
 import nvidia.dali.types as types
 
 from ppdlx.data.dali_fed_loader import FedDaliLoader
-from ppdlx.data.dali_feed import mixed_decoder_options, read_fed_files
+from ppdlx.data.dali_feed import STORED_ORIENTATION, decoder_options, read_fed_files
 from ppdlx.data.dali_handover import check_device, to_paddle
 from ppdlx.data.image_folder import check_same_classes, require_images_in_every_class, scan_image_folder
 from ppdlx.data.loader_common import split_batch_sampler
@@ -50,7 +50,7 @@ def _graph(feed, t, dali_cfg, data_format, training_random: bool, output_dtype: 
     """The DALI graph (traced inside a ``pipeline_def``)."""
     gpu = dali_cfg.device == "gpu"
     decode_dev, op_dev = ("mixed", "gpu") if gpu else ("cpu", "cpu")
-    dec_kw = mixed_decoder_options(training_random) if gpu else {}
+    dec_kw = decoder_options(gpu, training_random)
     jpegs, label = read_fed_files(feed)
     crop, interp = t.crop_size, _INTERP[t.interpolation]
     mirror = 0
@@ -63,7 +63,7 @@ def _graph(feed, t, dali_cfg, data_format, training_random: bool, output_dtype: 
             mirror = fn.random.coin_flip(probability=t.hflip)
     elif crop <= t.resize_short:
         # resize-shorter(S) + centre-crop(C) == centre square of side short*C/S, resized to C.
-        shape = fn.peek_image_shape(jpegs, dtype=types.FLOAT)
+        shape = fn.peek_image_shape(jpegs, dtype=types.FLOAT, **STORED_ORIENTATION)
         side = dmath.min(shape[0], shape[1]) * (crop / float(t.resize_short))
         images = fn.decoders.image_crop(jpegs, device=decode_dev, output_type=types.RGB, crop_w=side,
                                         crop_h=side, **dec_kw)
@@ -74,7 +74,7 @@ def _graph(feed, t, dali_cfg, data_format, training_random: bool, output_dtype: 
     images = fn.crop_mirror_normalize(
         images, device=op_dev, dtype=_DTYPE[output_dtype],
         output_layout="CHW" if data_format == "NCHW" else "HWC", crop=(crop, crop), mean=list(t.mean),
-        std=list(t.std), mirror=mirror, pad_output=dali_cfg.pad_output, out_of_bounds_policy="pad")
+        std=list(t.std), mirror=mirror, out_of_bounds_policy="pad")
     if gpu:
         label = label.gpu()
     return images, label
@@ -111,7 +111,7 @@ class DaliLoader(FedDaliLoader):
         labels = [label for _, label in samples]
         batch_size = batch_size or data.batch_size
         sampler = split_batch_sampler(training, len(samples), batch_size, rank, world_size, cfg.global_.seed,
-                                      shuffle=self.transforms.random, source=self.split_dir)
+                                      shuffle=True, source=self.split_dir)
         self._setup(cfg, training, self.files, labels, sampler, self.split_dir, batch_size, rank)
         self.draws_randomly = training and self.transforms.random
 

@@ -39,7 +39,7 @@ from ppdlx.config.preprocess import require_detection_resolved
 from ppdlx.data.coco_geometry import pad_targets, record_boxes, transform_boxes
 from ppdlx.data.coco_index import IndexedByCoco, coco_paths, shared_index
 from ppdlx.data.dali_fed_loader import FedDaliLoader
-from ppdlx.data.dali_feed import mixed_decoder_options, read_fed_files
+from ppdlx.data.dali_feed import STORED_ORIENTATION, decoder_options, read_fed_files
 from ppdlx.data.dali_handover import check_device, to_paddle
 from ppdlx.data.loader_common import split_batch_sampler
 
@@ -50,10 +50,10 @@ def _graph(feed, size, mean, std, training_random, hflip, scale_range, interpola
     gpu = device == "gpu"
     decode_dev, op_dev = ("mixed", "gpu") if gpu else ("cpu", "cpu")
     jpegs, record = read_fed_files(feed)
-    shape = fn.peek_image_shape(jpegs, dtype=types.FLOAT)
+    shape = fn.peek_image_shape(jpegs, dtype=types.FLOAT, **STORED_ORIENTATION)
     h, w = shape[0], shape[1]
     images = fn.decoders.image(jpegs, device=decode_dev, output_type=types.RGB,
-                               **(mixed_decoder_options(training_random) if gpu else {}))
+                               **decoder_options(gpu, training_random))
     s = float(size)
     flipped = w * 0.0
     if training_random:

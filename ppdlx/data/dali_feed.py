@@ -50,15 +50,24 @@ def read_fed_files(feed: EpochFeed):
     return fn.io.file.read(paths), values
 
 
-def mixed_decoder_options(training_random: bool) -> dict:
-    """GPU (``mixed``) decoder arguments. Training reserves nvJPEG buffers up front, as NVIDIA's
+# Images in their stored pixel frame, as PIL sees them (the paddle.io loaders, COCO's boxes,
+# deploy's pre-processing): DALI's decoders and peek_image_shape otherwise turn a photo by its EXIF
+# orientation tag, so its boxes no longer fit its pixels and the two backends feed different images.
+STORED_ORIENTATION = {"adjust_orientation": False}
+
+
+def decoder_options(gpu: bool, training_random: bool) -> dict:
+    """Decoder arguments. On GPU (``mixed``), training reserves nvJPEG buffers up front, as NVIDIA's
     ResNet50 pipelines do, so no reallocation stalls a step; these are per decoder thread and
     stay allocated for the run, so evaluation keeps DALI's small defaults. Evaluation upsamples
     chroma like libjpeg (the CPU decoder, PIL, deploy's pre-processing), so a model scores the
     same whichever decoder fed it."""
-    if training_random:
-        return dict(device_memory_padding=211025920, host_memory_padding=140544512)
-    return dict(jpeg_fancy_upsampling=True)
+    options = dict(STORED_ORIENTATION)
+    if gpu and training_random:
+        options.update(device_memory_padding=211025920, host_memory_padding=140544512)
+    elif gpu:
+        options.update(jpeg_fancy_upsampling=True)
+    return options
 
 
 def drained(pipe, feed: EpochFeed):

@@ -155,3 +155,38 @@ def test_images_hand_over_like_classification(shapes):
     assert isinstance(x, paddle.Tensor) and x.shape == [4, 3, 96, 96] and x.place.is_cpu_place()
     np.testing.assert_array_equal(x.numpy(), images.as_array())
     assert ConvBNAct(3, 8, 3, stride=2)(x[:3]).shape == [3, 8, 48, 48]
+
+
+def test_an_exif_rotated_photo_keeps_its_boxes_on_its_pixels(tmp_path):
+    """Before: DALI turned a photo by its EXIF orientation tag (its decoders' and peek_image_shape's
+    default) while the boxes stay in the stored frame, as paddle.io, pycocotools and the json's
+    width/height see it: the box no longer covered the object. A red square, stored frame 120x80,
+    orientation 6 (shown turned by 90 degrees)."""
+    import json
+    from PIL import Image
+    root = str(tmp_path)
+    pixels = np.full((80, 120, 3), 200, np.uint8)
+    pixels[20:50, 10:40] = (220, 40, 40)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    annotations = {"images": [{"id": 1, "file_name": "a.jpg", "width": 120, "height": 80}],
+                   "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 20, 30, 30], "area": 900,
+                                    "iscrowd": 0}],
+                   "categories": [{"id": 1, "name": "square"}]}
+    os.makedirs(os.path.join(root, "annotations"))
+    for split in ("train", "val"):
+        os.makedirs(os.path.join(root, split))
+        Image.fromarray(pixels).save(os.path.join(root, split, "a.jpg"), quality=98, exif=exif.tobytes())
+        with open(os.path.join(root, "annotations", f"instances_{split}.json"), "w") as f:
+            json.dump(annotations, f)
+    extra = ["data.batch_size=1", "model.num_classes=1", "data.transforms.mean=[0,0,0]", "data.transforms.std=[1,1,1]"]
+    for backend in ("paddle", "dali"):
+        images, boxes, classes, _, _ = next(iter(build_coco_loader(_cfg(root, f"data.backend={backend}", *extra),
+                                                                  "val")))
+        x = images.numpy()[0]
+        rows, cols = np.nonzero((x[0] > 180) & (x[1] < 100))
+        red = [rows.min(), cols.min(), rows.max() + 1, cols.max() + 1]  # y1 x1 y2 x2, as the boxes
+        box = boxes.numpy()[0, 0]
+        assert int(classes.numpy()[0, 0]) >= 0
+        assert np.abs(np.asarray(red, np.float32) - box).max() <= 1.5, (backend, red, box.tolist())
+
