@@ -5,15 +5,16 @@ from ``OPTIMIZERS`` / ``LR_SCHEDULES``, where the implementation modules registe
 from __future__ import annotations
 
 import ppdlx.optim.rmsprop_tf  # noqa: F401  (registers rmsprop_tf)
-from ppdlx.optim.optimizers import grad_clip, is_no_decay, param_groups
+from ppdlx.optim.optimizers import flat_optimizer, grad_clip, is_no_decay, param_groups
 from ppdlx.optim.schedules import build_lr_schedule, scaled_lr
 from ppdlx.registry import OPTIMIZERS
 
-__all__ = ["build_lr_schedule", "build_optimizer", "grad_clip", "is_no_decay", "param_groups", "scaled_lr"]
+__all__ = ["build_lr_schedule", "build_optimizer", "flat_optimizer", "grad_clip", "is_no_decay", "param_groups",
+           "scaled_lr"]
 
 
 def build_optimizer(cfg, model, lr_schedule, multi_precision=False):
     groups = param_groups(model, cfg.optimizer.weight_decay, cfg.optimizer.decay_bn_and_bias,
                           cfg.optimizer.decay_params)
-    return OPTIMIZERS.build(cfg.optimizer.name, lr=lr_schedule, groups=groups, cfg=cfg,
-                            multi_precision=multi_precision)
+    return flat_optimizer(lambda params: OPTIMIZERS.build(cfg.optimizer.name, lr=lr_schedule, groups=params, cfg=cfg,
+                                                          multi_precision=multi_precision), groups)

@@ -28,6 +28,26 @@ def param_groups(model, weight_decay: float, decay_bn_and_bias: bool, decay_para
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def flat_optimizer(build, groups: list):
+    """``build(params)`` over one flat parameter list, the groups' weight-decay exemptions kept per
+    parameter: ``L2Decay(0)`` regularizers for the coupled decays (Momentum fuses it exactly as a
+    group with weight_decay 0) or AdamW's ``apply_decay_param_fun``. Paddle applies ``grad_clip``
+    once per parameter group (``Optimizer._apply_optimize`` runs per group), so a global-norm clip
+    over two groups clipped each to the norm on its own; over one list the norm is global, as in a
+    static program, whose ``minimize`` takes no groups."""
+    params = [p for g in groups for p in g["params"]]
+    optimizer = build(params)
+    no_decay = {p.name for g in groups if len(groups) > 1 and not g["weight_decay"] for p in g["params"]}
+    if no_decay:
+        if hasattr(optimizer, "_apply_decay_param_fun"):
+            optimizer._apply_decay_param_fun = lambda name: name not in no_decay
+        else:
+            for p in params:
+                if p.name in no_decay:
+                    p.regularizer = paddle.regularizer.L2Decay(0.0)
+    return optimizer
+
+
 def grad_clip(cfg):
     """Global-norm clipping at ``optimizer.grad_clip_norm`` (None when 0: off)."""
     return paddle.nn.ClipGradByGlobalNorm(cfg.optimizer.grad_clip_norm) if cfg.optimizer.grad_clip_norm else None

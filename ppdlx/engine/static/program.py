@@ -34,6 +34,7 @@ from ppdlx.engine.static.ir_compat import (both, collective_value, global_var, i
                                            use_pir)
 from ppdlx.engine.static.state import inner_optimizer
 from ppdlx.errors import UnsupportedError
+from ppdlx.optim.optimizers import flat_optimizer
 
 
 @dataclass
@@ -84,22 +85,10 @@ class Programs:
 
 
 def static_optimizer(spec: ProgramSpec, model, lr_schedule, multi_precision: bool):
-    """The registry optimizer over a flat parameter list (static ``minimize``/``apply_gradients``
-    take no parameter groups); the dynamic groups' weight-decay exclusions become per-parameter
-    ``L2Decay(0)`` regularizers (coupled decay: Momentum fuses it exactly as for a group with
-    weight_decay 0) or, for decoupled AdamW, ``apply_decay_param_fun``."""
-    groups = spec.param_groups(model)
-    params = [p for g in groups for p in g["params"]]
-    optimizer = spec.build_optimizer(lr_schedule, params, multi_precision)
-    no_decay = {p.name for g in groups if len(groups) > 1 and not g["weight_decay"] for p in g["params"]}
-    if no_decay:
-        if hasattr(optimizer, "_apply_decay_param_fun"):
-            optimizer._apply_decay_param_fun = lambda name: name not in no_decay
-        else:
-            for p in params:
-                if p.name in no_decay:
-                    p.regularizer = paddle.regularizer.L2Decay(0.0)
-    return optimizer
+    """The registry optimizer over the model's parameter groups as one flat list
+    (``ppdlx.optim.flat_optimizer``, as the dynamic step's)."""
+    return flat_optimizer(lambda params: spec.build_optimizer(lr_schedule, params, multi_precision),
+                          spec.param_groups(model))
 
 
 def build_programs(spec: ProgramSpec, lr_schedule, amp: AmpPlan, world: int) -> Programs:
