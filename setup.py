@@ -19,7 +19,7 @@ setup(
     package_data={"ppdlx": ["models/gpunet_archs/*.json", "ops/*.cc", "ops/*.h"]},
     python_requires=">=3.9",
     install_requires=[
-        "numpy",
+        "numpy<2.4",          # Paddle 3.3's loss scaler calls float() on a 1-element array (ppdlx.engine.amp)
         "pillow",
         "pyyaml",
         "pydantic>=2",

@@ -11,6 +11,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import paddle
 
 from ppdlx.errors import ConfigError, UnsupportedError
@@ -97,9 +98,20 @@ def autocast(plan: AmpPlan):
     return paddle.amp.auto_cast(True, dtype=plan.dtype, level=plan.level)
 
 
+def check_numpy_for_loss_scaler(numpy_version: str) -> None:
+    """Paddle 3.3's loss scaler formats its shape-[1] scale with ``float()`` when it lowers it after an
+    overflow (``GradScaler._update``), which NumPy 2.4 refuses for a 1-d array: an fp16 run would
+    stop at its first overflow step."""
+    major, minor = (int(part) for part in numpy_version.split(".")[:2])
+    if (major, minor) >= (2, 4):
+        raise UnsupportedError(f"amp: numpy {numpy_version} makes Paddle {paddle.__version__}'s loss scaler fail at "
+                               f"the first overflow step (float() of its 1-element scale); pip install 'numpy<2.4'")
+
+
 def build_scaler(plan: AmpPlan, amp_cfg):
     if not plan.use_scaler:
         return None
+    check_numpy_for_loss_scaler(np.__version__)
     return paddle.amp.GradScaler(init_loss_scaling=amp_cfg.init_loss_scaling,
                                  incr_every_n_steps=amp_cfg.incr_every_n_steps,
                                  decr_every_n_nan_or_inf=amp_cfg.decr_every_n_nan_or_inf,
@@ -112,6 +124,10 @@ def decorate_o2(plan: AmpPlan, model, optimizer):
     leaves the trainer -- checkpoints, EMA, evaluation -- goes through :func:`float32_state` /
     :func:`evaluated_in_float32`, so an O2 run saves, evaluates and exports float32 weights."""
     if plan.enabled and plan.level == "O2":
+        # O2 gradients are fp16, and Paddle's GPU squared_l2_norm returns its input's dtype, so the
+        # global-norm clip's sum of squares overflows to inf above a norm of 256 and the clip zeroes
+        # the whole update; Paddle's switch computes those norms in float32 (fp32 gradients unchanged).
+        paddle.nn.clip._clip_by_global_norm_using_mp_type(True)
         model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2",
                                                dtype=plan.dtype, master_weight=True)
     return model, optimizer

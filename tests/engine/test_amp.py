@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from ppdlx.config import load_config
-from ppdlx.engine.amp import AmpPlan, check_image_dtype
+from ppdlx.engine.amp import AmpPlan, check_image_dtype, check_numpy_for_loss_scaler
 from ppdlx.errors import ConfigError, UnsupportedError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,3 +55,40 @@ def test_training_with_float16_images_on_cpu_stops_in_one_line_before_any_step(t
         "data.dali.output_dtype=float32")
     assert "Traceback" not in proc.stderr
     assert not any(name.endswith((".pdparams", ".pdopt")) for _, _, files in os.walk(out) for name in files)
+
+
+def test_the_loss_scalers_overflow_message_works_with_the_installed_numpy():
+    """Paddle's GradScaler._update prints float(self._scale) when it lowers the scale after an overflow
+    step; the scale is paddle.to_tensor(np.array([init]).astype(np.float32)), a 1-element 1-d tensor, and
+    NumPy 2.4 refuses float() of it (TypeError), so every fp16 run stopped at its first overflow. The
+    scaler enables itself on GPU places only, so its expression is run here on the same tensor."""
+    import numpy as np
+    import paddle
+    scale = paddle.to_tensor(np.array([1024.0]).astype(np.float32))
+    assert float(scale) == 1024.0
+    check_numpy_for_loss_scaler(np.__version__)
+    with pytest.raises(UnsupportedError) as err:
+        check_numpy_for_loss_scaler("2.4.6")
+    assert str(err.value) == (f"amp: numpy 2.4.6 makes Paddle {paddle.__version__}'s loss scaler fail at the first "
+                              f"overflow step (float() of its 1-element scale); pip install 'numpy<2.4'")
+    check_numpy_for_loss_scaler("2.3.5")
+
+
+def test_o2_clips_by_a_float32_global_norm():
+    """O2 gradients are fp16 and Paddle's GPU squared_l2_norm keeps the input dtype, so a clip's sum of
+    squares overflowed above a gradient norm of 256 and zeroed the update; decorate_o2 turns on Paddle's
+    float32 norm (CPU has no fp16 squared_l2_norm kernel, so the arithmetic itself cannot run here)."""
+    import paddle
+    from paddle.nn import clip
+    from ppdlx.engine.amp import decorate_o2
+    before = clip._clip_by_global_norm_using_mp_type(False)
+    try:
+        model = paddle.nn.Linear(4, 3)
+        opt = paddle.optimizer.Momentum(parameters=model.parameters(), grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
+        decorate_o2(FP16_O1, model, opt)
+        assert clip._clip_by_global_norm_using_mp_type() is False
+        decorate_o2(AmpPlan(True, "float16", "O2", True), model, opt)
+        assert clip._clip_by_global_norm_using_mp_type() is True
+    finally:
+        clip._clip_by_global_norm_using_mp_type(before)
+
