@@ -16,6 +16,7 @@ import paddle
 from ppdlx.engine import dist
 from ppdlx.engine.amp import AmpPlan, autocast, evaluated_in_float32, float32_state, set_state_cast
 from ppdlx.engine.step import Step, StepResult, WeightAccess
+from ppdlx.errors import UnsupportedError
 
 _LOW_PRECISION = (paddle.float16, paddle.bfloat16)
 
@@ -27,6 +28,22 @@ def master_weights(optimizer) -> dict:
         if isinstance(mw, dict) and mw:
             return mw
     return {}
+
+
+def check_same_master_weights(optimizer_state: dict, model) -> None:
+    """An O2 optimizer keeps its state under its fp32 masters' names (``<param>_fp32_master_0_velocity_0``),
+    any other under the parameters' (``<param>_velocity_0``); Paddle looks each accumulator up by the
+    name it creates and stops the first step of a resume across that line with an assertion."""
+    saved = bool(optimizer_state.get("master_weights"))
+    here = any(p.dtype in _LOW_PRECISION for p in model.parameters())
+    if saved and not here:
+        raise UnsupportedError("train.resume: the checkpoint was trained with amp.level=O2 (its optimizer state is "
+                               "kept for fp32 master weights) and this run is not O2; resume with amp.level=O2, or "
+                               "start a new run from its weights with model.weights=<checkpoint prefix>")
+    if here and not saved:
+        raise UnsupportedError("train.resume: this run is amp.level=O2 and the checkpoint's optimizer state has no "
+                               "fp32 master weights (it was trained without O2); resume with the checkpoint's amp "
+                               "settings, or start a new run from its weights with model.weights=<checkpoint prefix>")
 
 
 class LayerWeights(WeightAccess):
@@ -151,6 +168,8 @@ class DynamicStep(Step):
         return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
 
     def load_state(self, model_state: dict, optimizer_state: Optional[dict], states: dict) -> None:
+        if optimizer_state is not None:
+            check_same_master_weights(optimizer_state, self.raw_model)
         set_state_cast(self.raw_model, model_state)  # float32 on disk; O2 parameters are fp16
         if optimizer_state is not None:
             self.optimizer.set_state_dict(optimizer_state)

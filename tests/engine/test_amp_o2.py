@@ -114,6 +114,29 @@ def test_o2_checkpoint_is_float32_masters_and_loads_anywhere(o2_trainer, tmp_pat
             assert np.array_equal(masters[state[k].name].numpy(), exact[k]), k
 
 
+def test_resume_across_the_o2_line_is_refused_in_one_line(o2_trainer, tmp_path):
+    """Before: an O2 checkpoint resumed into an O1/fp32 run (or the other way) loaded, then stopped the first
+    step with Paddle's "Optimizer set error" assertion: O2 keeps its optimizer state under the masters' names."""
+    from ppdlx.errors import UnsupportedError
+    trainer, exact, _ = o2_trainer
+    trainer.epoch = 1
+    trainer.find_hook(Checkpoint).save(improved=True)
+    with paddle.utils.unique_name.guard():
+        plain = build_training(_cfg(trainer.tree, tmp_path / "plain"))
+    with pytest.raises(UnsupportedError) as err:
+        plain.resume(str(tmp_path / "run" / "latest"))
+    assert str(err.value).startswith("train.resume: the checkpoint was trained with amp.level=O2")
+    plain.epoch = 1
+    plain.find_hook(Checkpoint).save(improved=True)
+    with paddle.utils.unique_name.guard():
+        o2 = build_training(_cfg(trainer.tree, tmp_path / "o2"))
+    _to_o2(o2, exact)
+    with pytest.raises(UnsupportedError) as err:
+        o2.resume(str(tmp_path / "plain" / "latest"))
+    assert str(err.value).startswith("train.resume: this run is amp.level=O2 and the checkpoint's optimizer state "
+                                     "has no fp32 master weights")
+
+
 def test_ema_averages_the_masters_not_the_rounded_parameters(o2_trainer):
     trainer, exact, _ = o2_trainer
     ema = trainer.step.ema
