@@ -73,15 +73,20 @@ def exported(tmp_path_factory):
     return out
 
 
+def assert_refused(proc, message):
+    """Exit 3 (a combination that would not run as asked), nothing on stdout, one error line."""
+    assert proc.returncode == 3 and proc.stdout == ""
+    assert proc.stderr == f"error: {message}\n"
+
+
 def test_c_program_refuses_trt_on_a_pir_export(select_program, exported):
     """Before: infer.c called PD_ConfigEnableTensorRtEngine on inference.json, which the PIR pipeline
     ignores (plain fp32 CUDA reported as "backend trt fp16")."""
-    proc = select_program(exported["pir"], "trt", "fp16")
-    assert proc.returncode == 3 and proc.stdout == ""
-    assert proc.stderr == (
-        "error: --backend trt: inference.json is a PIR program, which Paddle Inference's TensorRT subgraph engine "
-        "(PD_ConfigEnableTensorRtEngine) skips, and the C API has no PIR-TRT converter; re-export with "
-        "tools/export_model.py --format program, or run deploy/python/infer.py --backend trt (paddle.tensorrt)\n")
+    assert_refused(select_program(exported["pir"], "trt", "fp16"),
+                   "--backend trt: inference.json is a PIR program, which Paddle Inference's TensorRT subgraph engine "
+                   "(PD_ConfigEnableTensorRtEngine) skips, and the C API has no PIR-TRT converter; re-export with "
+                   "tools/export_model.py --format program, or run deploy/python/infer.py --backend trt "
+                   "(paddle.tensorrt)")
     cpu = select_program(exported["pir"], "cpu", "fp32")
     assert cpu.returncode == 0 and cpu.stdout.split()[:2] == ["onednn", os.path.join(exported["pir"], "inference.json")]
 
@@ -166,14 +171,12 @@ def test_c_program_refuses_trt_on_an_nhwc_program_the_nhwc_pass_stops_on(select_
     dirs = {name: save_classifier(layer, str(tmp_path / name), 8, 8, data_format="NHWC", fmt="program").model_dir
             for name, layer in (("plain", nhwc()),
                                 ("depthwise", nhwc(paddle.nn.Conv2D(8, 8, 3, padding=1, groups=8, data_format="NHWC"))))}
-    refused = select_program(dirs["depthwise"], "trt", "fp16")
     assert D.trt.nhwc_ops_the_pass_cannot_switch(os.path.join(dirs["depthwise"], "inference.pdmodel")) == \
         ["depthwise_conv2d"]
-    assert refused.returncode == 3 and refused.stdout == ""
-    assert refused.stderr == (
-        "error: --backend trt: inference.pdmodel is an NHWC program with depthwise_conv2d ops, which Paddle-TRT's "
-        "trt_support_nhwc_pass cannot turn to NCHW (it stops building the predictor); re-export with "
-        "-o export.data_format=NCHW (the same weights)\n")
+    assert_refused(select_program(dirs["depthwise"], "trt", "fp16"),
+                   "--backend trt: inference.pdmodel is an NHWC program with depthwise_conv2d ops, which Paddle-TRT's "
+                   "trt_support_nhwc_pass cannot turn to NCHW (it stops building the predictor); re-export with "
+                   "-o export.data_format=NCHW (the same weights)")
     plain = select_program(dirs["plain"], "trt", "fp16")
     assert D.trt.nhwc_ops_the_pass_cannot_switch(os.path.join(dirs["plain"], "inference.pdmodel")) == []
     assert plain.returncode == 0 and plain.stdout.split()[0] == "paddle-trt-subgraph"
