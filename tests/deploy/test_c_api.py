@@ -170,7 +170,8 @@ def test_c_program_refuses_trt_on_an_nhwc_program_the_nhwc_pass_stops_on(select_
                                     paddle.nn.Flatten())
     dirs = {name: save_classifier(layer, str(tmp_path / name), 8, 8, data_format="NHWC", fmt="program").model_dir
             for name, layer in (("plain", nhwc()),
-                                ("depthwise", nhwc(paddle.nn.Conv2D(8, 8, 3, padding=1, groups=8, data_format="NHWC"))))}
+                                ("depthwise",
+                                 nhwc(paddle.nn.Conv2D(8, 8, 3, padding=1, groups=8, data_format="NHWC"))))}
     assert D.trt.nhwc_ops_the_pass_cannot_switch(os.path.join(dirs["depthwise"], "inference.pdmodel")) == \
         ["depthwise_conv2d"]
     assert_refused(select_program(dirs["depthwise"], "trt", "fp16"),

@@ -230,7 +230,8 @@ def test_subgraph_engines_are_kept_per_gpu_and_tensorrt_version(exports, tmp_pat
 
     a100 = engine_dir()
     assert engine_dir() == a100
-    others = {engine_dir(gpu="NVIDIA A10", capability=[8, 6]), engine_dir(tensorrt="10.6.0"), engine_dir(paddle="3.4.0")}
+    others = {engine_dir(gpu="NVIDIA A10", capability=[8, 6]), engine_dir(tensorrt="10.6.0"),
+              engine_dir(paddle="3.4.0")}
     assert a100 not in others and len(others) == 3
     here = T.trt_environment(0)  # this CPU build: no GPU, no TensorRT
     assert here["paddle"] == paddle.__version__ and here["gpu"] is None and here["tensorrt"] == "0.0.0"

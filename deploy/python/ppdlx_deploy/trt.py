@@ -160,8 +160,9 @@ def trt_plan(meta: dict, files: dict, precision: str, gpu_calls: List[dict], *, 
                                    f"-o export.data_format=NCHW (the same weights)")
         use_calib = precision == "int8" and not quantized
         cache_dir = subgraph_cache_dir(cache_dir, files, {
-            "environment": environment or trt_environment(gpu_id), "precision": precision, "workspace_size": workspace, "max_batch_size": int(max_batch),
-            "min_subgraph_size": min_subgraph, "calibration": bool(use_calib), "shape_source": shape_source,
+            "environment": environment or trt_environment(gpu_id), "precision": precision,
+            "workspace_size": workspace, "max_batch_size": int(max_batch), "min_subgraph_size": min_subgraph,
+            "calibration": bool(use_calib), "shape_source": shape_source,
             "shape_ranges": ranges if shape_source == "yml" else None})
         plan["cache_dir"] = cache_dir
         calls = gpu_calls + [plan_call("enable_new_ir", False),  # the legacy passes own the TRT subgraph step
