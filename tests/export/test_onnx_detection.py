@@ -11,6 +11,7 @@ multiclass_nms3 conversion gives wrong shapes in onnxruntime), the deploy packag
   export carries the BatchNorm statistics the evaluator re-estimates (``detection.precise_bn_batches``).
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -198,17 +199,32 @@ def test_fruit_detector_passes_verify_on_paddle_and_onnxruntime(fruit_run, tmp_p
 
 
 def test_export_carries_the_batchnorm_statistics_the_evaluator_uses(verified, trained, tmp_path):
-    """The demo recipe re-estimates BatchNorm statistics before evaluating (detection.precise_bn_batches=8):
-    the --verify export above holds them (it passed); the same weights exported with the checkpoint's
-    running statistics (what export did before) predict differently from the evaluator."""
+    """The demo recipe re-estimates BatchNorm statistics before evaluating (detection.precise_bn_batches=8),
+    and the --verify export above holds them (it passed against the evaluator): every weight is the
+    checkpoint's, and of its statistics only those of the layers that keep fixed statistics
+    (detection.freeze_bn_max_pixels) are; an export with precise_bn_batches=0 holds the checkpoint's
+    running statistics, all of them. (An earlier version asked that stale export to fail --verify, which
+    depends on how far training moved the statistics: true for one trained model, not for another.)"""
+    import hashlib
     stale = tmp_path / "stale"
     weights = trained["overrides"][-1]
     proc = _tool(os.path.join("tools", "export_model.py"), "-c", CONFIG, "-o", *trained["overrides"],
                  "detection.precise_bn_batches=0", "--output-dir", str(stale))
     assert proc.returncode == 0 and weights.startswith("model.weights="), proc.stderr[-2000:]
-    proc = _tool(os.path.join("tools", "export_model.py"), "-c", CONFIG, "-o", *trained["overrides"],
-                 "--output-dir", str(stale), "--verify-only")
-    assert proc.returncode == 1, proc.stdout[-2000:]
-    case = [c for c in _meta(stale)["verify"]["cases"] if c["backend"] == "paddle-cpu"][0]
-    assert case["passed"] is False and case["agreement"] < 0.995
-    assert case["cause"].startswith("numerics: on the same inputs paddle-cpu fp32 agrees with the trained model on")
+
+    def digest(tensor):
+        return hashlib.sha1(np.ascontiguousarray(tensor.numpy()).tobytes()).hexdigest()
+
+    def exported(model_dir):
+        return {digest(v) for v in paddle.jit.load(os.path.join(str(model_dir), "inference")).state_dict().values()}
+
+    checkpoint = paddle.load(os.path.join(weights.split("=", 1)[1], "model.pdparams"))
+    statistics = [digest(v) for k, v in checkpoint.items() if k.endswith(("._mean", "._variance"))]
+    others = [digest(v) for k, v in checkpoint.items() if not k.endswith(("._mean", "._variance"))]
+    frozen = int(re.search(r"detection.freeze_bn_max_pixels=\d+: (\d+) BatchNorm layers",
+                           verified[0].stdout + verified[0].stderr).group(1))
+    good, old = exported(verified[1]), exported(stale)
+    assert len(statistics) == 216 and 0 < frozen < 108
+    assert all(d in good and d in old for d in others)
+    assert all(d in old for d in statistics)
+    assert sum(d in good for d in statistics) == 2 * frozen
