@@ -85,23 +85,15 @@ def readable_batches(paths, batch_size, transform, skipped=None):
     and is left out, and the next files fill its place in the batch, so results stay with their paths."""
     import sys
 
+    from ppdlx_deploy.preprocess import readable_batches as batches_of
+
     from ppdlx.errors import DataError
-    chunk, arrays = [], []
-    for path in paths:
-        try:
-            arrays.append(transform(read_rgb(path)))
-        except DataError as err:
-            if skipped is None:
-                raise
-            print(f"skipped {err}", file=sys.stderr)
-            skipped.append(path)
-            continue
-        chunk.append(path)
-        if len(chunk) == batch_size:
-            yield chunk, arrays
-            chunk, arrays = [], []
-    if chunk:
-        yield chunk, arrays
+
+    def skip(path, err):
+        print(f"skipped {err}", file=sys.stderr)
+        skipped.append(path)
+    return batches_of(paths, batch_size, lambda path: transform(read_rgb(path)),
+                      None if skipped is None else skip, DataError)
 
 
 def prediction_format(output):

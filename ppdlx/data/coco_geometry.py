@@ -12,6 +12,8 @@ padded to a fixed ``max_instances`` as yxyx with class -1.
 from __future__ import annotations
 
 import numpy as np
+# eval: the deploy package's resize (deploy cannot import ppdlx), so exports pre-process as evaluation does
+from ppdlx_deploy.preprocess import resize_long_size as eval_size  # noqa: F401 (ppdlx's name for it)
 
 
 def train_window(width, height, size, scale_range, rng):
@@ -23,14 +25,6 @@ def train_window(width, height, size, scale_range, rng):
     ox = int(max(0, sw - size) * rng.uniform(0.0, 1.0))
     oy = int(max(0, sh - size) * rng.uniform(0.0, 1.0))
     return sw, sh, ox, oy
-
-
-def eval_size(width, height, size):
-    """Longer side -> ``size`` keeping the aspect ratio: ``(scaled_w, scaled_h, image_scale)`` with
-    ``image_scale = original / resized`` (the factor post-processing multiplies boxes by)."""
-    scale = min(size / height, size / width)
-    sw, sh = max(1, int(width * scale + 1e-4)), max(1, int(height * scale + 1e-4))
-    return sw, sh, 1.0 / scale
 
 
 def record_boxes(rec, skip_crowd: bool, flip_width=None):

@@ -15,10 +15,12 @@ import math
 import numpy as np
 from PIL import Image
 
+# The evaluation geometry is the deploy package's (it ships with ppdlx and cannot import it), so an
+# export's pre-processing is the evaluator's by construction.
+from ppdlx_deploy.preprocess import PIL_INTERPOLATION, center_crop, normalize, resize_shorter
+
 from ppdlx.config.preprocess import CLASSIFICATION_KEYS, require_resolved
 from ppdlx.data.augment import build_rand_augment, random_erasing
-
-PIL_INTERPOLATION = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
 
 def random_resized_crop_box(width, height, scale, ratio, rng, attempts=10):
@@ -41,27 +43,6 @@ def random_resized_crop_box(width, height, scale, ratio, rng, attempts=10):
     else:
         w, h = width, height
     return (width - w) // 2, (height - h) // 2, w, h
-
-
-def resize_shorter(img: Image.Image, size: int, interpolation: str) -> Image.Image:
-    w, h = img.size
-    if w <= h:
-        new_w, new_h = size, max(1, int(round(h * size / w)))
-    else:
-        new_w, new_h = max(1, int(round(w * size / h))), size
-    return img.resize((new_w, new_h), PIL_INTERPOLATION[interpolation])
-
-
-def center_crop(img: Image.Image, size: int) -> Image.Image:
-    w, h = img.size
-    left, top = int(round((w - size) / 2.0)), int(round((h - size) / 2.0))
-    return img.crop((left, top, left + size, top + size))
-
-
-def normalize(img: Image.Image, mean, std, data_format: str) -> np.ndarray:
-    arr = np.asarray(img, dtype=np.float32)
-    arr = (arr - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
-    return np.ascontiguousarray(arr.transpose(2, 0, 1) if data_format == "NCHW" else arr)
 
 
 class TrainTransform:

@@ -14,7 +14,7 @@ from .errors import DeployError
 from .meta import load_meta
 from .postprocess import clip_to_images, complete_outputs, postprocess
 from .predictors import create_predictor
-from .preprocess import Preprocessor, load_image
+from .preprocess import Preprocessor, load_image, readable_batches
 
 
 class Pipeline:
@@ -46,22 +46,7 @@ class Pipeline:
         """``(paths, images, outputs)`` per batch of files, in the order given. A file that cannot be read
         raises :class:`DeployError`; with ``on_unreadable`` it is handed to it (``(path, error)``) and left
         out instead, and the next readable files fill the batch, so each output row stays with its path."""
-        batch: List[str] = []
-        images: List[Image.Image] = []
-        for path in paths:
-            try:
-                image = load_image(path)
-            except DeployError as err:
-                if on_unreadable is None:
-                    raise
-                on_unreadable(path, err)
-                continue
-            batch.append(path)
-            images.append(image)
-            if len(batch) == batch_size:
-                yield batch, images, self.run(images)
-                batch, images = [], []
-        if batch:
+        for batch, images in readable_batches(paths, batch_size, load_image, on_unreadable):
             yield batch, images, self.run(images)
 
     def predict(self, paths: Sequence[str], batch_size: int = 1, topk: int = 5,

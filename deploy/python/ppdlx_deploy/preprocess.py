@@ -1,7 +1,8 @@
 """Image files to network inputs, as ``inference.yml`` describes: a line-by-line mirror of
 ppdlx.data.transforms (EvalTransform) for classification, and of EfficientDet's eval transform
 (ppdlx.data.coco_dataset / coco_geometry.eval_size: longer side to the input size, pad
-bottom/right) for detection. Deliberately a copy: deploy/ must run without ppdlx.
+bottom/right) for detection. deploy/ must run without ppdlx, so the geometry is defined here and
+ppdlx's evaluation transforms use these functions: what a deployment feeds is what was evaluated.
 
 ``preprocess.color`` is the channel order the network was trained on: ``RGB`` (every ppdlx
 export) or ``BGR`` (channels reversed after decoding, before normalising)."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
 import numpy as np
 from PIL import Image
@@ -19,7 +20,7 @@ from .meta import META_FILE
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm")
 
-_INTERP = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
+PIL_INTERPOLATION = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
 
 
 def resize_shorter(img: Image.Image, size: int, interpolation: str) -> Image.Image:
@@ -28,13 +29,20 @@ def resize_shorter(img: Image.Image, size: int, interpolation: str) -> Image.Ima
         new_w, new_h = size, max(1, int(round(h * size / w)))
     else:
         new_w, new_h = max(1, int(round(w * size / h))), size
-    return img.resize((new_w, new_h), _INTERP[interpolation])
+    return img.resize((new_w, new_h), PIL_INTERPOLATION[interpolation])
 
 
 def center_crop(img: Image.Image, size: int) -> Image.Image:
     w, h = img.size
     left, top = int(round((w - size) / 2.0)), int(round((h - size) / 2.0))
     return img.crop((left, top, left + size, top + size))
+
+
+def resize_long_size(width: int, height: int, size: int):
+    """Longer side -> ``size`` keeping the aspect ratio: ``(scaled_w, scaled_h, image_scale)``, sizes
+    truncated, ``image_scale = original / resized`` (the factor boxes are multiplied by afterwards)."""
+    scale = min(size / height, size / width)
+    return max(1, int(width * scale + 1e-4)), max(1, int(height * scale + 1e-4)), 1.0 / scale
 
 
 COLORS = ("RGB", "BGR")
@@ -54,6 +62,31 @@ def load_image(path: str) -> Image.Image:
             return img.convert("RGB")
     except (OSError, ValueError, SyntaxError) as err:
         raise DeployError(f"{path}: cannot read image ({err})") from None
+
+
+def readable_batches(paths: Sequence[str], batch_size: int, load: Callable = load_image,
+                     on_unreadable: Optional[Callable[[str, Exception], None]] = None,
+                     unreadable: Type[Exception] = DeployError) -> Iterator[Tuple[List[str], list]]:
+    """``(paths, [load(path), ...])`` per batch, in the order given. A file ``load`` refuses with
+    ``unreadable`` raises it; with ``on_unreadable`` it is handed to it (``(path, error)``) and left out
+    instead, and the next readable files fill the batch, so each result stays with its path."""
+    batch: List[str] = []
+    loaded: list = []
+    for path in paths:
+        try:
+            item = load(path)
+        except unreadable as err:
+            if on_unreadable is None:
+                raise
+            on_unreadable(path, err)
+            continue
+        batch.append(path)
+        loaded.append(item)
+        if len(batch) == batch_size:
+            yield batch, loaded
+            batch, loaded = [], []
+    if batch:
+        yield batch, loaded
 
 
 def list_images(path: str) -> List[str]:
@@ -90,13 +123,12 @@ class Preprocessor:
         if c["type"] == "resize_short_center_crop":
             img = center_crop(resize_shorter(img, c["resize_short"], c["interpolation"]), c["crop_size"])
             return normalize(img, c["mean"], c["std"], self.layout, self.color), 1.0
-        # resize_long_pad: the longer side to `size` (truncated, as ppdlx's eval_size), pad bottom/right.
+        # resize_long_pad: the longer side to `size`, pad bottom/right.
         size = int(c["size"])
         w, h = img.size
-        ratio = min(size / h, size / w)
-        new_w, new_h = max(1, int(w * ratio + 1e-4)), max(1, int(h * ratio + 1e-4))
+        new_w, new_h, image_scale = resize_long_size(w, h, size)
         fx, fy = new_w / w, new_h / h
-        resized = img.resize((new_w, new_h), _INTERP[c["interpolation"]], box=(0, 0, new_w / fx, new_h / fy))
+        resized = img.resize((new_w, new_h), PIL_INTERPOLATION[c["interpolation"]], box=(0, 0, new_w / fx, new_h / fy))
         arr = normalize(resized, c["mean"], c["std"], "NHWC", self.color)
         # pad_value is in normalised units (ppdlx pads after normalising: 0 is the mean colour)
         canvas = np.empty((size, size, 3), np.float32)
@@ -104,7 +136,7 @@ class Preprocessor:
         canvas[:new_h, :new_w] = arr
         if self.layout == "NCHW":
             canvas = canvas.transpose(2, 0, 1)
-        return np.ascontiguousarray(canvas), 1.0 / ratio
+        return np.ascontiguousarray(canvas), image_scale
 
     def feeds(self, images: Sequence[Image.Image]) -> Dict[str, np.ndarray]:
         arrays, scales = zip(*(self(img) for img in images))
