@@ -3,8 +3,9 @@
 ``python tools/model_info.py -c configs/gpunet/gpunet_0.yaml [--report info.json] [--resolution R]``
 
 The resolution is ``--resolution``, else ``data.transforms.crop_size``, or ``data.coco.image_size``
-when the model's ``default_cfg["task"]`` is detection (null: the model's ``default_cfg`` input size). Report JSON: ``{"model", "params", "macs",
-"resolution", "output_shape", "layers": [{"name", "type", "out_shape"}, ...]}`` (see ``ppdlx.models.info``).
+when the model's ``default_cfg["task"]`` is detection (null: the model's ``default_cfg`` input size).
+Report JSON: ``{"model", "params", "macs", "resolution", "output_shape", "layers": [{"name", "type",
+"out_shape"}, ...]}`` (see ``ppdlx.models.info``).
 """
 from _cli import config_parser, load, run, write_report
 

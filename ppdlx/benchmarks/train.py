@@ -29,7 +29,8 @@ def add_arguments(parser):
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps per case")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved measuring rounds")
     parser.add_argument("--cases", default="ppdlx,bare",
-                        help=f"comma list of ppdlx, ppdlx-fp32 (AMP off), bare, torch and extra cases ({', '.join(EXTRA_CASES)})")
+                        help=f"comma list of ppdlx, ppdlx-fp32 (AMP off), bare, torch and extra cases "
+                             f"({', '.join(EXTRA_CASES)})")
     parser.add_argument("--compare-torch", action="store_true", help="add the PyTorch cases (needs torch)")
     parser.add_argument("--torch-bf16-scale", type=float, default=0.25,
                         help="steps of the PyTorch bf16 case relative to the others (it is ~15x slower on CPUs "
@@ -57,8 +58,8 @@ class _BareLoop:
         from ppdlx.engine.builders import build_model
         self.model = build_model(cfg)
         self.model.train()
-        self.opt = paddle.optimizer.Momentum(learning_rate=0.01, momentum=0.875,
-                                             parameters=self.model.parameters(), weight_decay=cfg.optimizer.weight_decay)
+        self.opt = paddle.optimizer.Momentum(learning_rate=0.01, momentum=0.875, parameters=self.model.parameters(),
+                                             weight_decay=cfg.optimizer.weight_decay)
         self.images, self.labels = images, labels
 
     def run(self, steps):

@@ -17,7 +17,8 @@ from ppdlx.data.loader_common import dali_required, split_batch_sampler
 from ppdlx.errors import ConfigError
 
 __all__ = ["CocoDetection", "CocoIndex", "CocoLoader", "build_coco_dataset", "build_coco_loader", "coco_from_dict",
-           "coco_paths", "eval_size", "load_coco_api", "pad_targets", "shared_index", "sharing_indexes", "train_window", "transform_boxes"]
+           "coco_paths", "eval_size", "load_coco_api", "pad_targets", "shared_index", "sharing_indexes", "train_window",
+           "transform_boxes"]
 
 
 def build_coco_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None):

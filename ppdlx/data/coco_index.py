@@ -8,10 +8,11 @@ annotation id and image (``data.coco.invalid: skip``: logged and left out; ``err
 images with one id stop whatever the switch says: their annotations cannot be assigned. When no
 image is left, the error counts the images left out per reason. Each image's size is read from its
 file header (PIL opens lazily: the header only), once: boxes are checked against the real image, and
-an image the json gives no size fills it in from the file. A json size that disagrees (swapped, or another image's) means the
-boxes were drawn for some other picture, so that image is not trained on (PaddleDetection's
-reader clips boxes to the json size and its decoder then warns per sample, every epoch). Category ids map to contiguous 0-based class indices in
-ascending id order (``cat_ids[label]`` maps back). Both loaders (paddle.io and DALI) read a
+an image the json gives no size fills it in from the file. A json size that disagrees (swapped, or
+another image's) means the boxes were drawn for some other picture, so that image is not trained on
+(PaddleDetection's reader clips boxes to the json size and its decoder then warns per sample, every
+epoch). Category ids map to contiguous 0-based class indices in ascending id order (``cat_ids[label]``
+maps back). Both loaders (paddle.io and DALI) read a
 split through one ``CocoIndex``.
 """
 from __future__ import annotations

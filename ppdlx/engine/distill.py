@@ -175,7 +175,8 @@ def build_distillation_objective(cfg, criterion):
         shift = (np.asarray(s.mean, np.float64) - np.asarray(ts.mean, np.float64)) / np.asarray(ts.std, np.float64)
         renorm = (scale, shift)
     log.info("distillation: teacher %s (%s, weights %s) at %d px, student %s at %d px (bicubic resize%s), "
-             "T=%g, weight %g%s", teacher_cfg.model.name, d.teacher_config, d.teacher_weights or teacher_cfg.model.weights,
+             "T=%g, weight %g%s", teacher_cfg.model.name, d.teacher_config,
+             d.teacher_weights or teacher_cfg.model.weights,
              t_res, cfg.model.name, s.crop_size, "" if t_res != s.crop_size else " not needed", d.temperature, d.weight,
              "; batch re-normalised for the teacher" if renorm is not None else "")
     return DistillationObjective(criterion, teacher, s.crop_size, d.temperature, d.weight, cfg.model.data_format,

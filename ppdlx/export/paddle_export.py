@@ -66,8 +66,9 @@ def image_shape(data_format: str, height: int, width: int, batch: int = -1) -> L
 def _legacy_sigmoid():
     """Paddle 3.3's ``sigmoid`` became a PIR-only binding (as did ``tanh``, ``exp``, ``sum`` and others;
     ``silu`` kept its legacy-IR branch), so squeeze-excite gates could not be traced into a legacy
-    ``.pdmodel``; sigmoid is the one such op the classifiers use. During a legacy trace a static ``Variable`` gets the legacy ``sigmoid`` op, the one
-    Paddle 2.x programs hold; everything else goes to Paddle's function."""
+    ``.pdmodel``; sigmoid is the one such op the classifiers use. During a legacy trace a static
+    ``Variable`` gets the legacy ``sigmoid`` op, the one Paddle 2.x programs hold; everything else goes
+    to Paddle's function."""
     original = F.sigmoid
 
     def sigmoid(x, name=None):

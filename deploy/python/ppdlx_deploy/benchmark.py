@@ -90,7 +90,8 @@ def benchmark(predictors: Dict[str, object], meta: dict, images: Sequence[str], 
                 postprocess(meta, outputs)
                 post_times.append(time.perf_counter() - start)
             lat = latency_stats(times[case])
-            row = {"case": case, "engine": predictor.plan.get("engine"), "cpu_variant": predictor.plan.get("cpu_variant"),
+            row = {"case": case, "engine": predictor.plan.get("engine"),
+                   "cpu_variant": predictor.plan.get("cpu_variant"),
                    "batch_size": int(bs), "images_per_s": bs * 1000.0 / lat["mean"],
                    "latency_ms": lat, "repeats": int(repeats), "warmup": int(warmup),
                    "host_postprocess_ms": latency_stats(post_times)}

@@ -5,11 +5,12 @@ when a ``.json`` or ``.pdiparams`` is damaged; onnxruntime names no fix.
 
 An export records the size and sha256 of its Paddle program and weights in ``inference.yml``
 (``files:``); a file that differs is one :class:`DeployError` naming it (the ONNX file is not recorded:
-it is often rewritten on purpose, and onnxruntime refuses a damaged one itself). Exports without the record get structural checks instead: the
-program parses, and the ``.pdiparams`` stream of tensors (each: uint32 version, uint64 LoD levels,
-uint32 version, int32 + TensorDesc protobuf, then numel * dtype-size bytes; Paddle's
-``dense_tensor_tostream.cc``, whose reader does not check that the data bytes were all there) ends
-exactly at the end of the file. A runtime's own load failure is turned into one line naming the file.
+it is often rewritten on purpose, and onnxruntime refuses a damaged one itself). Exports without the
+record get structural checks instead: the program parses, and the ``.pdiparams`` stream of tensors
+(each: uint32 version, uint64 LoD levels, uint32 version, int32 + TensorDesc protobuf, then numel *
+dtype-size bytes; Paddle's ``dense_tensor_tostream.cc``, whose reader does not check that the data
+bytes were all there) ends exactly at the end of the file. A runtime's own load failure is turned into
+one line naming the file.
 """
 from __future__ import annotations
 
