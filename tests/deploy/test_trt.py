@@ -78,8 +78,10 @@ def test_pir_export_plan_goes_through_paddle_tensorrt(exports, tmp_path):
     # the converted program carries the TRT engines: a plain GPU predictor runs it, no subgraph calls
     assert [(c["call"], c["args"], c["kwargs"]) for c in plan["calls"]] == [
         ("enable_use_gpu", [512, 0], {"precision_mode": "Float32"}), ("switch_ir_optim", [True], {})]
-    assert plan["model_file"] == os.path.join(cache, "pir_trt_fp16", "inference.json")
-    assert plan["params_file"] == os.path.join(cache, "pir_trt_fp16", "inference.pdiparams")
+    folder = os.path.dirname(plan["model_file"])
+    assert os.path.dirname(folder) == cache and os.path.basename(folder).startswith("pir_trt_fp16_")
+    assert plan["model_file"] == os.path.join(folder, "inference.json")
+    assert plan["params_file"] == os.path.join(folder, "inference.pdiparams")
     spec = plan["pir_trt"]
     assert spec["source_model"] == os.path.join(exports["pir"], "inference.json")
     assert (spec["precision"], spec["workspace_size"], spec["min_subgraph_size"]) == ("FP16", 1 << 30, 3)
@@ -91,7 +93,7 @@ def test_pir_export_plan_goes_through_paddle_tensorrt(exports, tmp_path):
     assert key["precision"] == "FP16" and len(key["model_sha256"]) == 64 and key["gpu"] == "A100"
     fp32 = _plan(exports["pir"], "trt", "fp32", batch_size=8, cache_dir=cache, pir_trt_available=True)
     assert T.pir_trt_key(fp32["pir_trt"], None, env) != key
-    assert fp32["model_file"] == os.path.join(cache, "pir_trt_fp32", "inference.json")
+    assert os.path.basename(os.path.dirname(fp32["model_file"])).startswith("pir_trt_fp32_")
 
 
 def test_pir_trt_refuses_calibration_and_other_gpus(exports):
@@ -201,23 +203,73 @@ def test_subgraph_engines_are_kept_per_model_content_and_settings(exports, tmp_p
 
     first = engine_dir(exports["program"])
     assert os.path.dirname(first) == str(tmp_path / "c") and first == engine_dir(exports["program"])
-    retrained = str(tmp_path / "retrained")  # the same program, other weights (the last bias value)
-    shutil.copytree(exports["program"], retrained)
-    with open(os.path.join(retrained, "inference.pdiparams"), "r+b") as f:
-        f.seek(-4, os.SEEK_END)
-        f.write(np.float32(0.5).tobytes())
-    with open(os.path.join(retrained, "inference.yml"), encoding="utf-8") as f:
-        meta = yaml.safe_load(f)
-    meta["files"]["inference.pdiparams"]["sha256"] = D.integrity.file_digest(
-        os.path.join(retrained, "inference.pdiparams"))
-    with open(os.path.join(retrained, "inference.yml"), "w", encoding="utf-8") as f:
-        yaml.safe_dump(meta, f)
+    retrained = _retrained_copy(exports["program"], str(tmp_path / "retrained"))
     others = {engine_dir(retrained), engine_dir(exports["program"], trt_max_batch=32),
               engine_dir(exports["program"], "fp32"), engine_dir(exports["program"], batch_size=4)}
     assert first not in others and len(others) == 4
     monkeypatch.chdir(tmp_path)  # a relative --trt-cache-dir is made absolute
     plan = _plan(exports["program"], "trt", "fp16", cache_dir="c")
     assert plan["cache_dir"] == first
+
+
+def _retrained_copy(model_dir, copy):
+    """The same program with other weights (the last value of the weights file), recorded in inference.yml."""
+    shutil.copytree(model_dir, copy)
+    with open(os.path.join(copy, "inference.pdiparams"), "r+b") as f:
+        f.seek(-4, os.SEEK_END)
+        f.write(np.float32(0.5).tobytes())
+    with open(os.path.join(copy, "inference.yml"), encoding="utf-8") as f:
+        meta = yaml.safe_load(f)
+    meta["files"]["inference.pdiparams"]["sha256"] = D.integrity.file_digest(os.path.join(copy, "inference.pdiparams"))
+    with open(os.path.join(copy, "inference.yml"), "w", encoding="utf-8") as f:
+        yaml.safe_dump(meta, f)
+    return copy
+
+
+def test_pir_conversions_are_kept_per_model_content_settings_and_place(exports, tmp_path):
+    """paddle.tensorrt names engine files after the graph's structure only. Before, every model and
+    setting was converted into CACHE/pir_trt_<precision>/: models sharing a --trt-cache-dir reconverted
+    each other on every run (minutes each). And the converted program records its engines' absolute
+    paths while its key left its own place out, so a copied export's conversion (copied with the
+    export's _trt_cache) was taken as current and loaded the engines of the folder it came from."""
+    env = {"paddle": "3.3.1", "tensorrt": "10.5.0", "gpu": "NVIDIA A100-SXM4-80GB", "capability": [8, 0]}
+    cache = str(tmp_path / "shared")
+
+    def spec(model_dir, precision="fp16", **kwargs):
+        kwargs.setdefault("cache_dir", cache)
+        kwargs.setdefault("trt_environment", env)
+        return _plan(model_dir, "trt", precision, pir_trt_available=True, **kwargs)["pir_trt"]
+
+    first = spec(exports["pir"])
+    assert spec(exports["pir"])["save_prefix"] == first["save_prefix"]
+    retrained = _retrained_copy(exports["pir"], str(tmp_path / "retrained"))
+    others = {spec(retrained)["save_prefix"], spec(exports["pir"], trt_max_batch=64)["save_prefix"],
+              spec(exports["pir"], "fp32")["save_prefix"],
+              spec(exports["pir"], trt_environment=dict(env, gpu="NVIDIA A10", capability=[8, 6]))["save_prefix"]}
+    assert first["save_prefix"] not in others and len(others) == 4
+    assert {os.path.dirname(os.path.dirname(p)) for p in others} == {cache}
+    copied = str(tmp_path / "copied")  # same bytes, default cache inside each export folder
+    shutil.copytree(exports["pir"], copied)
+    here, there = spec(exports["pir"], cache_dir=None), spec(copied, cache_dir=None)
+    assert here["save_prefix"].startswith(exports["pir"]) and there["save_prefix"].startswith(copied)
+    assert T.pir_trt_key(here, None, env) != T.pir_trt_key(there, None, env)
+
+
+def test_collected_shapes_make_the_serving_batch_tensorrts_optimum(exports, tmp_path):
+    """TensorRT's optimal shape is the one the collection saw most often. Before, each batch size ran
+    once, so Paddle's tie-break chose it: --batch-size 8 --batch-sizes 8,32 tuned the engines for
+    batch 32. Run through Paddle's real shape collection (the subgraph route's, on this CPU build)."""
+    sizes = T.collection_batch_sizes(8, [8, 32])
+    assert sizes == [1, 8, 32, 8] and T.collection_batch_sizes(4) == [1, 4, 4]
+    plan = _plan(exports["program"], "trt", "fp16", batch_size=8, cache_dir=str(tmp_path / "c"),
+                 shape_source="collect", trt_max_batch=32)
+    feeds = [{"image": np.random.default_rng(n).random((n, 3, 32, 32), np.float32)} for n in sizes]
+    D.predictors.collect_shape_ranges(paddle.inference, plan, D.model_files(exports["program"]), feeds)
+    with open(plan["shape_file"], encoding="utf-8") as f:
+        text = f.read()
+    image = text[text.index('name: "image"'):].split("}")[0]
+    batches = {kind: int(image.split(f"{kind}_shape:")[1].split()[0]) for kind in ("min", "max", "opt")}
+    assert batches == {"min": 1, "max": 32, "opt": 8}
 
 
 def test_subgraph_engines_are_kept_per_gpu_and_tensorrt_version(exports, tmp_path):

@@ -36,7 +36,7 @@ from .plan import BACKENDS, CPU_VARIANTS, PRECISIONS, build_plan, check_backend_
 from .postprocess import draw_detections, postprocess
 from .predictors import create_predictor
 from .preprocess import Preprocessor, list_images
-from .trt import largest_trt_batch, trt_calibration_tables
+from .trt import collection_batch_sizes, largest_trt_batch, trt_calibration_tables
 
 
 def parse_args(argv=None):
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     if args.backend == "trt" and args.trt_shapes == "collect":
         if not paths:
             raise DeployError("--trt-shapes collect runs real inputs: give --input images")
-        sizes = sorted({1, args.batch_size, *(int(b) for b in (args.batch_sizes or "").split(",") if b)})
+        sizes = collection_batch_sizes(args.batch_size, [int(b) for b in (args.batch_sizes or "").split(",") if b])
         sample_feeds = [prep.feeds_from_files([paths[i % len(paths)] for i in range(bs)]) for bs in sizes]
     if args.backend == "trt":
         check_trt_batch_sizes(args, meta)

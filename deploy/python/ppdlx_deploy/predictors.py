@@ -48,6 +48,32 @@ def _create_paddle_predictor(pi, config, files: dict):
         raise error from None
 
 
+def collect_shape_ranges(pi, plan: dict, files: dict, sample_feeds) -> None:
+    """``--trt-shapes collect`` on the subgraph route: run the sample batches through a predictor
+    with the plan's ``collect_calls``, which writes ``plan["shape_file"]`` when it is destroyed."""
+    if not sample_feeds:
+        raise DeployError("--trt-shapes collect needs sample inputs (--input images)")
+    shape_file = plan["shape_file"]
+    os.makedirs(os.path.dirname(os.path.abspath(shape_file)), exist_ok=True)
+    previous_shapes = None
+    if os.path.isfile(shape_file):
+        with open(shape_file, "rb") as f:
+            previous_shapes = f.read()
+    config = pi.Config(plan["model_file"], plan["params_file"])
+    apply_plan(config, plan["collect_calls"])
+    predictor = _create_paddle_predictor(pi, config, files)
+    for feeds in sample_feeds:
+        for name in predictor.get_input_names():
+            h = predictor.get_input_handle(name)
+            h.reshape(list(feeds[name].shape))
+            h.copy_from_cpu(np.ascontiguousarray(feeds[name]))
+        predictor.run()
+    del predictor  # the shape file is written when the collecting predictor is destroyed
+    if plan["engine"] == T.SUBGRAPH and T.drop_engines_of_other_shapes(plan, previous_shapes):
+        plan["notes"].append("the --input images gave other shapes than the last collection: "
+                             "the TensorRT engines are built again")
+
+
 class PaddlePredictor:
     """Paddle Inference predictor built from :func:`build_plan`. ``run(feeds) -> [outputs]``
     (host arrays in, host arrays out: the copies are part of the timed network call)."""
@@ -73,7 +99,7 @@ class PaddlePredictor:
         if self.plan["pir_trt"]:
             self.plan["tensorrt_engines"] = T.convert_pir_trt(self.plan["pir_trt"], sample_feeds)
         if self.plan["collect_calls"]:
-            self._collect_shapes(pi, sample_feeds)
+            collect_shape_ranges(pi, self.plan, self.files, sample_feeds)
         config = pi.Config(self.plan["model_file"], self.plan["params_file"])
         apply_plan(config, self.plan["calls"])
         config.disable_glog_info()
@@ -84,29 +110,6 @@ class PaddlePredictor:
         self.output_names = list(self.predictor.get_output_names())
         self._inputs = {n: self.predictor.get_input_handle(n) for n in self.input_names}
         self._outputs = [self.predictor.get_output_handle(n) for n in self.output_names]
-
-    def _collect_shapes(self, pi, sample_feeds):
-        if not sample_feeds:
-            raise DeployError("--trt-shapes collect needs sample inputs (--input images)")
-        shape_file = self.plan["shape_file"]
-        os.makedirs(os.path.dirname(os.path.abspath(shape_file)), exist_ok=True)
-        previous_shapes = None
-        if os.path.isfile(shape_file):
-            with open(shape_file, "rb") as f:
-                previous_shapes = f.read()
-        config = pi.Config(self.plan["model_file"], self.plan["params_file"])
-        apply_plan(config, self.plan["collect_calls"])
-        predictor = _create_paddle_predictor(pi, config, self.files)
-        for feeds in sample_feeds:
-            for name in predictor.get_input_names():
-                h = predictor.get_input_handle(name)
-                h.reshape(list(feeds[name].shape))
-                h.copy_from_cpu(np.ascontiguousarray(feeds[name]))
-            predictor.run()
-        del predictor  # the shape file is written when the collecting predictor is destroyed
-        if self.plan["engine"] == T.SUBGRAPH and T.drop_engines_of_other_shapes(self.plan, previous_shapes):
-            self.plan["notes"].append("the --input images gave other shapes than the last collection: "
-                                      "the TensorRT engines are built again")
 
     def run(self, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
         for name, handle in self._inputs.items():

@@ -61,16 +61,26 @@ def _ranges_and_largest_batch(meta: dict, batch_size: int, trt_max_batch: Option
     return ranges, max(r[0] for r in ranges["max"].values())
 
 
-def subgraph_cache_dir(base: str, files: dict, settings: dict) -> str:
-    """Where the subgraph route keeps its engines and calibration table: one folder per model
-    content and TensorRT settings. Paddle names a serialised engine after its subgraph's variable
-    names only (``GenerateEngineKey`` in tensorrt_subgraph_pass.cc), not the weights or shape
-    ranges, so a shared folder would hand a retrained or re-exported model of the same
-    architecture the old engine, weights included."""
+def engine_cache_dir(base: str, route: str, files: dict, settings: dict) -> str:
+    """Where a TensorRT route keeps its engines (and the subgraph route its calibration table): one
+    folder per model content and TensorRT settings. Neither route names engines after what they
+    hold: the subgraph pass after its subgraph's variable names (``GenerateEngineKey`` in
+    tensorrt_subgraph_pass.cc), paddle.tensorrt after the graph's structure, not the weights or
+    shape ranges, so a shared folder would hand a retrained or re-exported model of the same
+    architecture the old engine, weights included, and models sharing one folder would rebuild
+    each other's engines on every run."""
     key = dict(settings, model_sha256=file_digest(files["model_file"]),
                params_sha256=file_digest(files["params_file"]))
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return os.path.join(base, f"subgraph_{settings['precision']}_{digest}")
+    return os.path.join(base, f"{route}_{settings['precision']}_{digest}")
+
+
+def collection_batch_sizes(batch_size: int, other_sizes: Sequence[int] = ()) -> List[int]:
+    """The batch sizes ``--trt-shapes collect`` runs, in order: each size once and the serving batch
+    once more. TensorRT's optimal shape is the one collected most often (``StatisticShapeRangeInfo``
+    on the subgraph route, the PIR shape collection paddle.tensorrt reads), and with one run each a
+    tie would hand it the largest (subgraph) or the smallest (PIR) batch instead."""
+    return sorted({1, int(batch_size), *(int(b) for b in other_sizes)}) + [int(batch_size)]
 
 
 def trt_environment(gpu_id: int) -> dict:
@@ -159,7 +169,7 @@ def trt_plan(meta: dict, files: dict, precision: str, gpu_calls: List[dict], *, 
                                    f"turn to NCHW (it stops building the predictor); re-export with "
                                    f"-o export.data_format=NCHW (the same weights)")
         use_calib = precision == "int8" and not quantized
-        cache_dir = subgraph_cache_dir(cache_dir, files, {
+        cache_dir = engine_cache_dir(cache_dir, "subgraph", files, {
             "environment": environment or trt_environment(gpu_id), "precision": precision,
             "workspace_size": workspace, "max_batch_size": int(max_batch), "min_subgraph_size": min_subgraph,
             "calibration": bool(use_calib), "shape_source": shape_source,
@@ -205,7 +215,10 @@ def trt_plan(meta: dict, files: dict, precision: str, gpu_calls: List[dict], *, 
     if int(gpu_id) != 0:
         raise UnsupportedError(f"--backend trt --gpu-id {gpu_id}: paddle.tensorrt converts PIR programs on GPU 0 "
                                f"only; select the card with CUDA_VISIBLE_DEVICES={gpu_id} and --gpu-id 0")
-    prefix = os.path.join(cache_dir, f"pir_trt_{precision}", "inference")
+    prefix = os.path.join(engine_cache_dir(cache_dir, "pir_trt", files, {
+        "environment": environment or trt_environment(gpu_id), "precision": precision,
+        "workspace_size": workspace, "min_subgraph_size": min_subgraph, "shape_source": shape_source,
+        "shape_ranges": ranges if shape_source == "yml" else None}), "inference")
     plan["pir_trt"] = {
         "source_model": files["model_file"], "source_params": files["params_file"], "save_prefix": prefix,
         "precision": PIR_TRT_PRECISION[precision], "workspace_size": workspace, "min_subgraph_size": min_subgraph,
@@ -291,8 +304,10 @@ def tensorrt_engine_count(program) -> int:
 
 def pir_trt_key(spec: dict, sample_shapes: Optional[Sequence[Dict[str, list]]], environment: dict) -> dict:
     """What the converted program depends on: the source files, the conversion settings, the
-    sample shapes (``--trt-shapes collect``), and the GPU / TensorRT / Paddle versions."""
-    key = {k: v for k, v in spec.items() if k not in ("source_model", "source_params", "save_prefix")}
+    sample shapes (``--trt-shapes collect``), the GPU / TensorRT / Paddle versions, and where it is
+    (``save_prefix``: the program records its engine files' absolute paths, so a copied or moved
+    export's conversion would load the engines of the folder it was copied from, or none)."""
+    key = {k: v for k, v in spec.items() if k not in ("source_model", "source_params")}
     key.update(model_sha256=file_digest(spec["source_model"]), params_sha256=file_digest(spec["source_params"]),
                sample_shapes=list(sample_shapes) if sample_shapes else None, **environment)
     return key
