@@ -6,7 +6,7 @@ import os
 import paddle
 import paddle.distributed as dist
 
-from ppdlx.errors import PpdlxError
+from ppdlx.errors import ConfigError, PpdlxError
 
 
 def world_size() -> int:
@@ -17,10 +17,29 @@ def rank() -> int:
     return int(os.environ.get("PADDLE_TRAINER_ID", "0"))
 
 
-def init(collective_programs: bool = False) -> tuple:
-    """Initialise collective data parallel when launched with several processes;
+BACKEND_ENV = "PADDLE_DISTRI_BACKEND"
+
+
+def collective_backend(device: str, environ=os.environ) -> str:
+    """The process-group backend Paddle should use for a run on ``device`` (``cpu`` or ``gpu:N``).
+    Paddle reads it from ``PADDLE_DISTRI_BACKEND``, whose default ``auto`` means NCCL on every CUDA
+    build whatever device the run trains on, and NCCL cannot carry the CPU tensors of a
+    ``global.device=cpu`` run: such a run takes gloo."""
+    asked = environ.get(BACKEND_ENV, "auto")
+    if device != "cpu" or asked == "gloo":
+        return asked
+    if asked == "auto":
+        return "gloo"
+    raise ConfigError(f"global.device=cpu with {BACKEND_ENV}={asked}: a CPU run's tensors go through gloo only; "
+                      f"unset {BACKEND_ENV} (or set it to gloo), or train with global.device=gpu")
+
+
+def init(device: str, collective_programs: bool = False) -> tuple:
+    """Initialise collective data parallel on ``device`` when launched with several processes;
     ``collective_programs``: static programs all-reduce too (``fleet.init(is_collective=True)`` first
     creates the context their all_reduce ops use)."""
+    if world_size() > 1:
+        os.environ[BACKEND_ENV] = collective_backend(device)  # fleet.init and init_parallel_env read it
     if world_size() > 1 and collective_programs:
         from paddle.distributed import fleet
         fleet.init(is_collective=True)

@@ -72,9 +72,9 @@ class RunPlan:
 
 def start_run(cfg, collective_programs: bool = False) -> RunEnv:
     """Process set-up every entry point does: data-parallel init, logging, device, CPU threads."""
-    rank, world = dist.init(collective_programs)
-    setup_logging(rank)
     device = resolve_device(cfg.global_.device)
+    rank, world = dist.init(device, collective_programs)
+    setup_logging(rank)
     paddle.set_device(device)
     return RunEnv(rank, world, device, dist.configure_cpu_threads(cfg.global_.cpu_threads))
 

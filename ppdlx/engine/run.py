@@ -31,7 +31,7 @@ from ppdlx.engine.dynamic_step import DynamicStep, compile_forward
 from ppdlx.engine.ema import ModelEMA
 from ppdlx.engine.plan import RunPlan, plan_cpu_kernels, start_run
 from ppdlx.engine.preprocess_cfg import resolve_preprocessing, resolve_with_record
-from ppdlx.engine.run_dir import prepare_output_dir, release_output_dir
+from ppdlx.engine.run_dir import check_ranks_resume_alike, prepare_output_dir, release_output_dir
 from ppdlx.engine.tasks import task_of
 from ppdlx.engine.trainer import Trainer, optimizer_steps_per_epoch
 from ppdlx.errors import ConfigError
@@ -68,6 +68,7 @@ def build_training(cfg, hooks=(), amp=None) -> Trainer:
     env = start_run(cfg, collective_programs=graph == "static")
     resume_path = prepare_output_dir(cfg, env.rank)  # writable, locked, and resumed or explicitly started over
     try:
+        check_ranks_resume_alike(cfg.global_.output_dir, resume_path)
         with sharing_indexes():  # the data check, loaders and evaluator read each COCO json once
             return _assemble_training(cfg, hooks, amp, task, env, resume_path)
     except BaseException:

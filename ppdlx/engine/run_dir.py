@@ -59,6 +59,40 @@ def prepare_output_dir(cfg, rank: int):
     return path
 
 
+def check_ranks_resume_alike(out: str, resume_path) -> None:
+    """Each rank settles the resume on the files it sees, and only rank 0 writes checkpoints: ranks on
+    nodes that do not share ``global.output_dir`` (node-local disks) would resume some ranks and start
+    others fresh, and train different models until the first parameter check. Every rank gathers what
+    each one resumes and all refuse alike when they differ."""
+    import paddle.distributed as pdist
+
+    from ppdlx.engine import dist
+    if dist.world_size() <= 1:
+        return
+    seen = []
+    pdist.all_gather_object(seen, _resume_fingerprint(resume_path))
+    if any(f != seen[0] for f in seen):
+        found = "; ".join(f"rank {r}: {_describe(f)}" for r, f in enumerate(seen))
+        raise ConfigError(f"global.output_dir={out}: the ranks of this job see different checkpoints there ({found}); "
+                          f"every rank must read the same global.output_dir (a folder all nodes share), or resume "
+                          f"from one checkpoint all nodes can read (train.resume=<path>)")
+
+
+def _resume_fingerprint(path):
+    """What a rank resumes from: None, or the checkpoint's path, epoch and file digests."""
+    if path is None:
+        return None
+    kind, where = ckpt.locate(path)
+    digests = sorted((n, e["sha256"]) for n, e in unit.read_manifest(where)["files"].items()) if kind == "unit" \
+        else None
+    return [path, ckpt.recorded_epoch(path), digests]
+
+
+def _describe(fingerprint) -> str:
+    return "no checkpoint (a fresh start)" if fingerprint is None else \
+        f"{fingerprint[0]} (epoch {fingerprint[1]})"
+
+
 def _make_writable(out: str) -> None:
     try:
         os.makedirs(out, exist_ok=True)

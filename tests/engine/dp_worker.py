@@ -4,7 +4,9 @@ final weights and statistics (``rank<N>.npz``) and counters (``rank<N>.json``) t
 
 ``--nan-on-rank1 CALLS``: rank 1's loss is NaN at those training batches (1-based, comma-separated; ``all``
 = always), the way a bad batch on one device looks; the other ranks see finite losses.
-usage: dp_worker.py OUT_DIR CONFIG [--nan-on-rank1 CALLS] -o KEY=VALUE ...
+``--node-local``: each rank's ``global.output_dir`` is the given one plus ``/node<rank>``, what ranks on
+nodes with their own disks see of one path.
+usage: dp_worker.py OUT_DIR CONFIG [--nan-on-rank1 CALLS] [--node-local] -o KEY=VALUE ...
 """
 import argparse
 import json
@@ -25,9 +27,18 @@ def main():
     parser.add_argument("out_dir")
     parser.add_argument("config")
     parser.add_argument("--nan-on-rank1", default="")
+    parser.add_argument("--node-local", action="store_true")
     parser.add_argument("-o", nargs="+", default=[])
     args = parser.parse_args()
-    trainer = build_training(load_config(args.config, args.o))
+    overrides = args.o
+    if args.node_local:
+        shared = next(o.split("=", 1)[1] for o in overrides if o.startswith("global.output_dir="))
+        overrides += [f"global.output_dir={shared}/node{os.environ.get('PADDLE_TRAINER_ID', '0')}"]
+    try:
+        trainer = build_training(load_config(args.config, overrides))
+    except PpdlxError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
     if args.nan_on_rank1 and trainer.rank == 1:
         calls = None if args.nan_on_rank1 == "all" else {int(s) for s in args.nan_on_rank1.split(",")}
         objective = trainer.step.objective

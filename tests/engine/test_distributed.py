@@ -28,17 +28,20 @@ def common(tree, classes=3):
             "global.device=cpu"]
 
 
-def launch_ranks(tmp_path, tree, *extra, nan_on_rank1="", ranks=2, classes=3):
+def launch_ranks(tmp_path, tree, *extra, nan_on_rank1="", ranks=2, classes=3, node_local=False, env=None, log="log"):
     out = tmp_path / "out"
-    out.mkdir()
+    out.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(ranks), "--log_dir",
-           str(tmp_path / "log"), WORKER, str(out), DEMO]
+           str(tmp_path / log), WORKER, str(out), DEMO]
     if nan_on_rank1:
         cmd += ["--nan-on-rank1", nan_on_rank1]
+    if node_local:
+        cmd += ["--node-local"]
     cmd += ["-o", *common(tree, classes), f"global.output_dir={out}", "data.batch_size=4", "lr.base_lr=0.05",
             "lr.scale_with_batch=false", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    logs = {f: open(tmp_path / "log" / f).read() for f in sorted(os.listdir(tmp_path / "log"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=None if env is None else dict(os.environ, **env))
+    logs = {f: open(tmp_path / log / f).read() for f in sorted(os.listdir(tmp_path / log))
             if f.startswith("workerlog")}
     return proc, out, logs
 
@@ -145,3 +148,42 @@ def test_a_persistent_nan_on_one_rank_stops_both_with_one_line(odd_tree, tmp_pat
     for name, text in logs.items():
         assert "error: loss was NaN/inf for 3 consecutive steps (epoch 1, step 0)" in text, (name, text[-2000:])
     assert not (out / "rank0.npz").exists()
+
+
+def test_ranks_that_see_different_checkpoints_refuse_to_resume_alike(odd_tree, tmp_path):
+    """Ranks on nodes with their own disks: only rank 0 writes checkpoints, so on resume rank 0 took up
+    epoch 1 and rank 1 started fresh; both trained a whole epoch of different models and then stopped
+    with 'ranks hold different weights ... bypasses DataParallel's gradient all-reduce' (exit 5), which
+    names the wrong cause. Now every rank refuses before any step, with the same line."""
+    proc, out, logs = launch_ranks(tmp_path, odd_tree, "train.epochs=1", node_local=True)
+    assert proc.returncode == 0, "".join(logs.values())[-3000:]
+    assert (out / "node0" / "latest").exists() and not (out / "node1" / "latest").exists()
+    for r in range(2):
+        (out / f"rank{r}.npz").unlink()
+    proc, out, logs = launch_ranks(tmp_path, odd_tree, "train.epochs=2", "train.resume=auto", node_local=True,
+                                   log="log2")
+    assert proc.returncode != 0 and len(logs) == 2
+    for name, text in logs.items():
+        assert f"error: global.output_dir={out}/node{name[-1]}: the ranks of this job see different checkpoints " \
+            f"there (rank 0: {out}/node0/latest (epoch 1); rank 1: no checkpoint (a fresh start)); every rank must " \
+            "read the same global.output_dir" in text, (name, text[-2000:])
+        assert "epoch 2" not in text  # no step was trained
+    assert not (out / "rank0.npz").exists() and not (out / "rank1.npz").exists()
+
+
+def test_a_cpu_run_takes_gloo_whatever_paddle_would_choose():
+    """Paddle's default backend 'auto' means NCCL on every CUDA build, also for a global.device=cpu run,
+    whose CPU tensors NCCL cannot carry: paddle.distributed.launch sets gloo only where it finds no GPU,
+    so the README's CPU demo launch failed at its first collective inside the GPU image."""
+    from ppdlx.engine.dist import collective_backend
+    from ppdlx.errors import ConfigError
+    assert collective_backend("cpu", {}) == "gloo"
+    assert collective_backend("cpu", {"PADDLE_DISTRI_BACKEND": "auto"}) == "gloo"
+    assert collective_backend("cpu", {"PADDLE_DISTRI_BACKEND": "gloo"}) == "gloo"
+    assert collective_backend("gpu:0", {}) == "auto"
+    assert collective_backend("gpu:3", {"PADDLE_DISTRI_BACKEND": "nccl"}) == "nccl"
+    with pytest.raises(ConfigError) as err:
+        collective_backend("cpu", {"PADDLE_DISTRI_BACKEND": "nccl"})
+    assert str(err.value) == ("global.device=cpu with PADDLE_DISTRI_BACKEND=nccl: a CPU run's tensors go through gloo "
+                              "only; unset PADDLE_DISTRI_BACKEND (or set it to gloo), or train with global.device=gpu")
+
