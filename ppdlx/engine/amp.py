@@ -74,8 +74,10 @@ def plan_amp(amp_cfg, device: str, fast_cpu_kernels: bool = False, cpu_threads: 
             why = "this Paddle build has no CUDA" if not paddle.is_compiled_with_cuda() else "global.device is cpu"
             raise UnsupportedError(f"amp.dtype=float16 needs a GPU and {why}; "
                                    f"use amp.dtype=bfloat16 or amp.enabled=false on CPU")
+        check_gpu_amp(amp_cfg.dtype, *gpu_amp_facts(device))
         return AmpPlan(True, "float16", amp_cfg.level, True)
     if on_gpu:
+        check_gpu_amp(amp_cfg.dtype, *gpu_amp_facts(device))
         return AmpPlan(True, "bfloat16", amp_cfg.level, False)
     if bf16_autocast_works_on_cpu():
         return AmpPlan(True, "bfloat16", amp_cfg.level, False)
@@ -90,6 +92,31 @@ def plan_amp(amp_cfg, device: str, fast_cpu_kernels: bool = False, cpu_threads: 
             f"and ppdlx's bf16 convolutions are not used ({why}): training runs in float32; bf16 inference via "
             f"oneDNN is in deploy/")
     return AmpPlan(False, "float32", "O0", False, note)
+
+
+# Below these NVIDIA compute capabilities (and for bf16 below CUDA 11) Paddle's auto_cast and decorate
+# warn and leave the model float32 (``_is_gpu_float16_supported`` / ``_is_gpu_bfloat16_supported``).
+GPU_AMP_MIN_CAPABILITY = {"float16": 7, "bfloat16": 8}
+
+
+def gpu_amp_facts(device: str) -> tuple:
+    """``(GPU name, (major, minor) compute capability, CUDA version)`` of ``device`` (``gpu:N``)."""
+    index = int(device.split(":")[1]) if ":" in device else 0
+    return (paddle.device.cuda.get_device_name(index), tuple(paddle.device.cuda.get_device_capability(index)),
+            paddle.version.cuda())
+
+
+def check_gpu_amp(dtype: str, gpu_name: str, capability: tuple, cuda_version: str) -> None:
+    """Refuse what Paddle would quietly run in float32 while the run's plan said ``dtype``."""
+    needed = GPU_AMP_MIN_CAPABILITY[dtype]
+    cuda_major = int(cuda_version.split(".")[0]) if cuda_version and cuda_version[0].isdigit() else 0
+    if capability[0] >= needed and (dtype == "float16" or cuda_major >= 11):
+        return
+    fix = "amp.dtype=float16" if dtype == "bfloat16" and capability[0] >= 7 else "amp.enabled=false"
+    raise UnsupportedError(f"amp.dtype={dtype} needs an NVIDIA GPU of compute capability {needed}.0 or newer"
+                           f"{' and CUDA 11 or newer' if dtype == 'bfloat16' else ''}, and Paddle trains in float32 "
+                           f"on the others: {gpu_name} is {capability[0]}.{capability[1]} (CUDA {cuda_version}); "
+                           f"use {fix}")
 
 
 def autocast(plan: AmpPlan):
@@ -118,16 +145,21 @@ def build_scaler(plan: AmpPlan, amp_cfg):
                                  use_dynamic_loss_scaling=amp_cfg.use_dynamic_loss_scaling)
 
 
+def clip_norms_in_float32() -> None:
+    """O2 gradients are fp16, and Paddle's GPU squared_l2_norm returns its input's dtype, so the
+    global-norm clip's sum of squares overflows to inf above a norm of 256 and the clip zeroes the
+    whole update; Paddle's switch computes those norms in float32 (fp32 gradients unchanged). The
+    dynamic clip reads it at each step, a static program while its update ops are appended."""
+    paddle.nn.clip._clip_by_global_norm_using_mp_type(True)
+
+
 def decorate_o2(plan: AmpPlan, model, optimizer):
     """O2 keeps fp32 master weights in the optimizer (multi_precision) and casts the model's
     parameters in place (``paddle.amp.auto_cast.amp_initialize``; norms stay fp32). Everything that
     leaves the trainer -- checkpoints, EMA, evaluation -- goes through :func:`float32_state` /
     :func:`evaluated_in_float32`, so an O2 run saves, evaluates and exports float32 weights."""
     if plan.enabled and plan.level == "O2":
-        # O2 gradients are fp16, and Paddle's GPU squared_l2_norm returns its input's dtype, so the
-        # global-norm clip's sum of squares overflows to inf above a norm of 256 and the clip zeroes
-        # the whole update; Paddle's switch computes those norms in float32 (fp32 gradients unchanged).
-        paddle.nn.clip._clip_by_global_norm_using_mp_type(True)
+        clip_norms_in_float32()
         model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2",
                                                dtype=plan.dtype, master_weight=True)
     return model, optimizer

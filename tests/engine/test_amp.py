@@ -92,3 +92,25 @@ def test_o2_clips_by_a_float32_global_norm():
     finally:
         clip._clip_by_global_norm_using_mp_type(before)
 
+
+
+def test_amp_on_a_gpu_too_old_for_its_dtype_is_refused():
+    """Paddle's auto_cast and decorate warn and leave the model float32 below compute capability 7.0
+    (float16) and 8.0 or CUDA 11 (bfloat16), while the run's plan, log and plan.yaml said AMP."""
+    from ppdlx.engine.amp import check_gpu_amp
+    check_gpu_amp("float16", "Tesla V100-SXM2-16GB", (7, 0), "12.6")
+    check_gpu_amp("bfloat16", "NVIDIA A100-SXM4-80GB", (8, 0), "12.6")
+    check_gpu_amp("bfloat16", "NVIDIA A10", (8, 6), "11.8")
+    refusals = {}
+    for dtype, name, capability, cuda in [("bfloat16", "Tesla V100-SXM2-16GB", (7, 0), "12.6"),
+                                          ("float16", "Tesla P100-PCIE-16GB", (6, 0), "12.6"),
+                                          ("bfloat16", "NVIDIA A100-SXM4-80GB", (8, 0), "False")]:
+        with pytest.raises(UnsupportedError) as err:
+            check_gpu_amp(dtype, name, capability, cuda)
+        refusals[name, cuda] = str(err.value)
+    assert refusals["Tesla V100-SXM2-16GB", "12.6"] == (
+        "amp.dtype=bfloat16 needs an NVIDIA GPU of compute capability 8.0 or newer and CUDA 11 or newer, and Paddle "
+        "trains in float32 on the others: Tesla V100-SXM2-16GB is 7.0 (CUDA 12.6); use amp.dtype=float16")
+    assert refusals["Tesla P100-PCIE-16GB", "12.6"].endswith("Tesla P100-PCIE-16GB is 6.0 (CUDA 12.6); "
+                                                             "use amp.enabled=false")
+    assert "(CUDA False); use amp.dtype=float16" in refusals["NVIDIA A100-SXM4-80GB", "False"]

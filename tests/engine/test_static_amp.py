@@ -233,3 +233,52 @@ def test_dynamic_loss_scaling_counters_round_trip():
     got = state.scaler_state()
     assert (got["scale"].tolist(), got["incr_count"], got["decr_count"], got["incr_ratio"]) == ([256.0], 7, 1, 2.0)
     assert np.array(scope.find_var("num_good_steps_0").get_tensor()).dtype == np.int32
+
+
+def test_o2_clip_sums_the_squares_of_its_gradients_in_float32(tmp_path):
+    """O2 gradients are low precision, and Paddle's GPU squared_l2_norm returns its input's dtype: the
+    static program's global-norm clip overflowed above a norm of 256 in fp16 and zeroed every update
+    (the dynamic path had the fix). Paddle reads its float32 switch while the update ops are appended;
+    on this CPU a bf16 O2 program with a clip did not even build without it (no bf16 squared_l2_norm)."""
+    before = paddle.nn.clip._clip_by_global_norm_using_mp_type(False)  # a fresh process's state
+    try:
+        cfg = elementwise_cfg(tmp_path, "optimizer.grad_clip_norm=1.0", "amp.init_loss_scaling=1.0")
+        step = trainer_with_plan(cfg, AmpPlan(True, "bfloat16", "O2", False)).step
+        norms = [op for op in step.pr.main.global_block().ops if op.name() == "pd_op.squared_l2_norm"]
+        assert len(norms) == 4 and all(op.operand_source(0).dtype == paddle.float32 for op in norms)
+    finally:
+        paddle.nn.clip._clip_by_global_norm_using_mp_type(before)
+
+
+def test_a_fixed_fp16_loss_scale_applies_overflowed_gradients_so_the_static_plan_refuses_it(tmp_path):
+    """A real float16 static AMP program (O1: this model has no op fp16 autocast converts, so every
+    kernel stays float32 and it runs on CPU, with Paddle's unscale op). With a fixed scale Paddle's
+    recipe only divides the gradients by it: a step whose gradients overflow while the loss is finite
+    writes inf/NaN into the weights, where the dynamic trainer's GradScaler skips the step. If this
+    program ever keeps its weights finite, Paddle has changed and the refusal below can go."""
+    cfg = elementwise_cfg(tmp_path, "amp.dtype=float16", "amp.level=O1", "amp.init_loss_scaling=3e38",
+                          "amp.use_dynamic_loss_scaling=false")
+    step = trainer_with_plan(cfg, AmpPlan(True, "float16", "O1", True)).step
+    step.set_model_state(random_state(step, 2))
+    overflowing = batch()
+    overflowing["images"] = overflowing["images"] * 1000.0
+    loss, finite = step.run_program(step.pr.main, overflowing, step.pr.fetch)
+    assert np.isfinite(loss).all() and bool(np.asarray(finite).all())
+    assert not all(np.isfinite(v).all() for v in step.model_state().values())
+    from ppdlx.engine.static import amp as static_amp
+    with pytest.raises(UnsupportedError) as err:
+        static_amp.plan(cfg.amp, "gpu:0", use_pir=True, probe=None)
+    assert str(err.value) == (
+        "train.graph=static with amp.dtype=float16 and amp.use_dynamic_loss_scaling=false: Paddle's static program "
+        "applies overflowed gradients to the weights with a fixed loss scale; use amp.use_dynamic_loss_scaling=true "
+        "or train.graph=dynamic")
+
+
+def test_static_amp_under_legacy_ir_on_a_gpu_is_refused(tmp_path):
+    """The float32 fallback's reason ('legacy static AMP inserts no casts') holds for the CPU build only;
+    on a GPU the run would train in float32 while AMP was asked for."""
+    from ppdlx.engine.static import amp as static_amp
+    cfg = elementwise_cfg(tmp_path, "amp.dtype=float16")
+    with pytest.raises(UnsupportedError) as err:
+        static_amp.plan(cfg.amp, "gpu:0", use_pir=False, probe=None)
+    assert str(err.value).startswith("train.graph=static with amp.enabled under legacy IR (FLAGS_enable_pir_api=0): ")

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Tuple
 
 import paddle
 
-from ppdlx.engine.amp import AmpPlan, plan_amp
+from ppdlx.engine.amp import AmpPlan, clip_norms_in_float32, plan_amp
 from ppdlx.engine.static.state import LossScaling
 from ppdlx.errors import UnsupportedError
 
@@ -26,12 +26,14 @@ def plan(amp_cfg, device: str, use_pir: bool, probe: Callable[[str, str], Tuple[
     On CPU, ``probe(dtype, level)`` runs one static AMP train step of the configured model and
     optimizer and returns ``(ok, why)``.
     """
+    if amp_cfg.enabled and device.startswith("gpu"):
+        check_gpu_static_amp(amp_cfg, use_pir)
     plan = plan_amp(amp_cfg, device)  # raises for fp16 on CPU; probes dygraph bf16 on CPU
     if not amp_cfg.enabled:
         return plan
     if not use_pir:
         return AmpPlan(False, "float32", "O0", False,
-                       f"amp: static AMP under legacy IR inserts no casts in Paddle {paddle.__version__} "
+                       f"amp: static AMP under legacy IR inserts no casts in Paddle {paddle.__version__}'s CPU build "
                        f"(paddle.static.amp.decorate leaves the program float32): training runs in float32")
     if plan.enabled:
         return plan  # GPU: fp16/bf16 O1/O2 through Paddle's PIR static AMP
@@ -43,6 +45,20 @@ def plan(amp_cfg, device: str, use_pir: bool, probe: Callable[[str, str], Tuple[
                    f"this CPU in Paddle {paddle.__version__} ({why}): training runs in float32")
 
 
+def check_gpu_static_amp(amp_cfg, use_pir: bool) -> None:
+    """What a static AMP program on a GPU would get wrong, refused in one line."""
+    if not use_pir:
+        raise UnsupportedError("train.graph=static with amp.enabled under legacy IR (FLAGS_enable_pir_api=0): "
+                               "ppdlx's static AMP is Paddle's PIR recipe; leave FLAGS_enable_pir_api unset, or "
+                               "use train.graph=dynamic")
+    if amp_cfg.dtype == "float16" and not amp_cfg.use_dynamic_loss_scaling:
+        # only the update_loss_scaling op zeroes overflowed gradients, and Paddle's static recipe adds it
+        # with dynamic scaling only (static/amp/decorator.py): a fixed scale writes inf into the weights
+        raise UnsupportedError("train.graph=static with amp.dtype=float16 and amp.use_dynamic_loss_scaling=false: "
+                               "Paddle's static program applies overflowed gradients to the weights with a fixed "
+                               "loss scale; use amp.use_dynamic_loss_scaling=true or train.graph=dynamic")
+
+
 def check_combination(amp: AmpPlan, accumulate: int, world: int) -> None:
     if amp.enabled and (accumulate > 1 or world > 1):
         what = f"train.accumulate={accumulate}" if accumulate > 1 else f"{world} ranks"
@@ -52,6 +68,8 @@ def check_combination(amp: AmpPlan, accumulate: int, world: int) -> None:
 
 def decorate(amp: AmpPlan, model, optimizer):
     """``(model, amp_optimizer)``; call before tracing the forward (O2 casts the parameters)."""
+    if amp.level == "O2":
+        clip_norms_in_float32()
     return paddle.amp.decorate(models=model, optimizers=optimizer, level=amp.level, dtype=amp.dtype,
                                master_weight=True)
 
