@@ -16,6 +16,8 @@ import statistics
 import tempfile
 import time
 
+import paddle
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("-c", "--config", required=True, help="YAML config (its asp section sets n:m etc.)")
@@ -31,9 +33,16 @@ class _TimedHook:
         self.hook, self.name, self.times = hook, hook.name, []
 
     def after_step(self):
+        wait_for_device()
         start = time.perf_counter()
         self.hook.after_step()
+        wait_for_device()  # on a GPU the masking is queued: timed without this, only its launch is
         self.times.append(time.perf_counter() - start)
+
+
+def wait_for_device() -> None:
+    if paddle.get_device().startswith("gpu"):  # CPU ops have finished when they return
+        paddle.device.synchronize()
 
 
 def _prepare(cfg, output_dir):
