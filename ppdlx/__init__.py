@@ -29,3 +29,11 @@ if _importlib_util.find_spec("paddle") is None:
         "ppdlx needs PaddlePaddle, which is not installed: pip install paddlepaddle==3.3.1 (CPU) or "
         "paddlepaddle-gpu for your CUDA, e.g. pip install paddlepaddle-gpu==3.3.1 -i "
         "https://www.paddlepaddle.org.cn/packages/stable/cu126/", name="paddle")
+
+# ppdlx's evaluation pre-processing is its deploy package's (deploy/python/ppdlx_deploy, installed with
+# ppdlx). An editable install made by `setup.py develop` (setuptools < 64) puts only the checkout on
+# sys.path, without it.
+if _importlib_util.find_spec("ppdlx_deploy") is None:
+    raise ModuleNotFoundError(
+        "ppdlx needs its deploy package ppdlx_deploy, which this install does not provide: reinstall ppdlx "
+        "(pip install -e . in the checkout; pyproject.toml asks pip for setuptools>=64)", name="ppdlx_deploy")
