@@ -174,12 +174,11 @@ class CocoEvaluator:
     primary = "AP"
 
     def __init__(self, loader, postprocess, coco_gt, cat_ids, nms="soft", soft_nms_sigma=0.5,
-                 score_threshold=0.001, results_path=None, amp_plan=None, precise_bn=None):
+                 score_threshold=0.001, results_path=None, precise_bn=None):
         self.loader, self.postprocess = loader, postprocess
         self.coco_gt, self.cat_ids = coco_gt, list(cat_ids)
         self.nms, self.sigma, self.score_threshold = nms, soft_nms_sigma, score_threshold
         self.results_path = results_path
-        self.amp_plan = amp_plan
         self.precise_bn = precise_bn  # (train loader, batches): re-estimate BN statistics before evaluating
         self.last_coco_eval = None  # rank 0: the last evaluation's COCOeval (per-category analysis)
         self.image_sizes = {int(i): (info["width"], info["height"]) for i, info in coco_gt.imgs.items()
@@ -188,15 +187,11 @@ class CocoEvaluator:
     @paddle.no_grad()
     def predict(self, model):
         """This rank's (COCO detections, evaluated image ids)."""
-        from ppdlx.engine.amp import autocast
         detections, image_ids = [], []
         for images, _, _, ids, scales in self.loader:
-            # O1 only: an O2 model is evaluated in float32 on its master weights (amp.evaluated_in_float32)
-            if self.amp_plan is not None and self.amp_plan.level == "O1":
-                with autocast(self.amp_plan):
-                    cls_out, box_out = model(images)
-            else:
-                cls_out, box_out = model(images)
+            # float32, without autocast, whatever the training's AMP: what is evaluated here (and picks
+            # the best checkpoint) is what tools/eval.py and the export compute
+            cls_out, box_out = model(images)
             cls_out = [c.astype("float32") for c in cls_out]
             box_out = [b.astype("float32") for b in box_out]
             if self.nms == "soft":

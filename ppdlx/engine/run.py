@@ -119,7 +119,7 @@ def _assemble_training(cfg, hooks, amp, task, env, resume_path) -> Trainer:
         objective = task.build_objective(run_cfg, model, data, env.world_size)
         lr_schedule = build_lr_schedule(cfg, global_batch, steps)
         step, raw_model = _dynamic_step(run_cfg, plan, model, objective, lr_schedule)
-    evaluator = task.build_evaluator(run_cfg, raw_model, data.val_loader, env.rank, env.world_size, amp)
+    evaluator = task.build_evaluator(run_cfg, raw_model, data.val_loader, env.rank, env.world_size)
     hooks = [*hooks, *task.hooks(run_cfg, data), final_analysis_hook(run_cfg, task, evaluator, data, env.rank)]
     identity = {"name": cfg.model.name, "num_classes": data.num_classes}
     trainer = Trainer(step, standard_hooks(cfg, env.rank, lr_schedule, evaluator, step, hooks, identity),

@@ -69,6 +69,7 @@ def verify_cases(model_dir: str, meta: dict, D) -> List[dict]:
             cases.append({"backend": "onnxruntime", "precision": "fp32", "skipped": "onnxruntime is not installed"})
     if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
         cases.append({"backend": "paddle-gpu", "precision": "fp32"})
+        cases.append({"backend": "paddle-gpu", "precision": "fp16"})
         cases.append({"backend": "trt", "precision": "fp16"})
     else:
         cases.append({"backend": "paddle-gpu/trt", "precision": "-", "skipped": "no CUDA device or CPU-only Paddle"})

@@ -181,6 +181,16 @@ def test_trt_collected_shapes_plan(program_files, tmp_path):
     assert tuned["args"] == [shape_file, True] and not _calls(plan, "set_trt_dynamic_shape_info")
 
 
+def test_paddle_gpu_fp16_says_a_detector_decodes_its_boxes_in_fp16(files):
+    """Paddle's auto_mixed_precision_pass runs the anchors' gather and the box decoding in fp16 too."""
+    detector = dict(TRT_META, model={"family": "detection", "data_format": "NCHW"})
+    notes = D.build_plan(detector, files, "paddle-gpu", "fp16")["notes"]
+    assert "fp16 decodes the boxes in fp16 too (anchor coordinates round to up to 0.5 px at the input size): " \
+        "check the AP with tools/export_model.py --verify, or serve fp32" in notes
+    assert not any("boxes" in n for n in D.build_plan(detector, files, "paddle-gpu", "fp32")["notes"])
+    assert not any("boxes" in n for n in D.build_plan(TRT_META, files, "paddle-gpu", "fp16")["notes"])
+
+
 def test_gpu_and_cpu_plans(files):
     gpu = D.build_plan(TRT_META, files, "paddle-gpu", "fp16")
     assert _calls(gpu, "enable_use_gpu")[0]["kwargs"]["precision_mode"] == "Half"

@@ -114,3 +114,19 @@ def test_amp_on_a_gpu_too_old_for_its_dtype_is_refused():
     assert refusals["Tesla P100-PCIE-16GB", "12.6"].endswith("Tesla P100-PCIE-16GB is 6.0 (CUDA 12.6); "
                                                              "use amp.enabled=false")
     assert "(CUDA False); use amp.dtype=float16" in refusals["NVIDIA A100-SXM4-80GB", "False"]
+
+
+def test_float16_autocast_runs_every_convolution_of_efficientdet_in_float16():
+    """Paddle's float16 O1 list names conv2d but not depthwise_conv2d, which 48 of EfficientDet-D0's 150
+    convolutions trace (groups == channels): with their float32 filters they ran in float32 under O1."""
+    import paddle
+
+    from ppdlx.engine.amp import autocast
+    from ppdlx.models.efficientdet import efficientdet_d0
+    model = efficientdet_d0(num_classes=3, image_size=128)
+    traced = [layer._op_type for layer in model.sublayers() if isinstance(layer, paddle.nn.Conv2D)]
+    assert (len(traced), traced.count("depthwise_conv2d")) == (150, 48)
+    for level in ("O1", "O2"):
+        with autocast(AmpPlan(True, "float16", level, True)):  # the tracer's lists are set on CPU too
+            white, _ = paddle.base.framework._dygraph_tracer()._get_amp_op_list()
+        assert set(traced) <= set(white), (level, sorted(set(traced) - set(white)))

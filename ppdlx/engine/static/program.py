@@ -22,13 +22,13 @@ cannot be traced into two programs, and ``clone()`` + ``is_test`` would miss Pyt
 """
 from __future__ import annotations
 
-import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 import paddle
 
-from ppdlx.engine.amp import AmpPlan
+from ppdlx.engine.amp import AmpPlan, autocast
 from ppdlx.engine.static import amp as static_amp
 from ppdlx.engine.static.ir_compat import (both, collective_value, global_var, is_finite_scalar, legacy_ir_ops,
                                            use_pir)
@@ -97,8 +97,7 @@ def build_programs(spec: ProgramSpec, lr_schedule, amp: AmpPlan, world: int) -> 
     k = spec.accumulate
     shape = [None, 3, None, None] if spec.data_format == "NCHW" else [None, None, None, 3]
     static_amp.check_combination(amp, k, world)
-    amp_ctx = (lambda: paddle.amp.auto_cast(True, level=amp.level, dtype=amp.dtype)) if amp.enabled \
-        else contextlib.nullcontext
+    amp_ctx = functools.partial(autocast, amp)  # the dynamic forward's autocast, its op lists included
     with legacy_ir_ops(), paddle.static.program_guard(pr.main, pr.startup), paddle.utils.unique_name.guard():
         model = spec.build_model()
         model.train()

@@ -53,8 +53,9 @@ class Task:
         """``objective(model, batch, epoch, step) -> (loss, images)``."""
         raise NotImplementedError
 
-    def build_evaluator(self, cfg, model, val_loader, rank: int, world: int, amp=None):
-        """``evaluator(model) -> metrics`` with a ``primary`` metric name (the "best" checkpoint's)."""
+    def build_evaluator(self, cfg, model, val_loader, rank: int, world: int):
+        """``evaluator(model) -> metrics`` with a ``primary`` metric name (the "best" checkpoint's); it
+        runs the float32 weights without autocast, whatever the training's AMP."""
         raise NotImplementedError
 
     def build_eval_data(self, cfg, rank: int, world: int):

@@ -86,7 +86,7 @@ class Classification(Task):
             return build_distillation_objective(cfg, criterion)
         return ClassificationObjective(criterion, cfg.train.mixup_alpha, cfg.global_.seed)
 
-    def build_evaluator(self, cfg, model, val_loader, rank: int, world: int, amp=None):
+    def build_evaluator(self, cfg, model, val_loader, rank: int, world: int):
         return ClassificationEvaluator(val_loader, cfg.eval.topk)
 
     def keep_for_analysis(self, evaluator) -> None:

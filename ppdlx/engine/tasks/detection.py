@@ -136,7 +136,7 @@ def build_precise_bn_loader(cfg, rank, world, cat_ids):
     return build_coco_loader(bn_cfg, "val", rank, world, batch_size=cfg.eval.batch_size, cat_ids=cat_ids)
 
 
-def build_evaluator(cfg, model, val_loader, amp_plan=None, results_name="detections_val.json",
+def build_evaluator(cfg, model, val_loader, results_name="detections_val.json",
                     precise_bn_loader=None):
     d = cfg.detection
     results = os.path.join(cfg.global_.output_dir, results_name) if d.save_results else None
@@ -144,7 +144,7 @@ def build_evaluator(cfg, model, val_loader, amp_plan=None, results_name="detecti
         else None
     return CocoEvaluator(val_loader, build_postprocess(cfg, model), val_loader.coco_gt, val_loader.cat_ids,
                          nms=d.nms, soft_nms_sigma=d.soft_nms_sigma, score_threshold=d.score_threshold,
-                         results_path=results, amp_plan=amp_plan, precise_bn=precise_bn)
+                         results_path=results, precise_bn=precise_bn)
 
 
 def write_classes(path: str, loader) -> None:
@@ -194,11 +194,11 @@ class Detection(Task):
         from ppdlx.models.detection import EfficientDetLoss
         return DetectionObjective(EfficientDetLoss.from_model(model), world)
 
-    def build_evaluator(self, cfg, model, val_loader, rank: int, world: int, amp=None):
+    def build_evaluator(self, cfg, model, val_loader, rank: int, world: int):
         # the same precise-BN statistics in training and in tools/eval.py (none when it is 0)
         bn_loader = build_precise_bn_loader(cfg, rank, world, val_loader.cat_ids) \
             if cfg.detection.precise_bn_batches else None
-        return build_evaluator(cfg, model, val_loader, amp, precise_bn_loader=bn_loader)
+        return build_evaluator(cfg, model, val_loader, precise_bn_loader=bn_loader)
 
     def analysis_inputs(self, cfg, evaluator):
         if evaluator.last_coco_eval is None:
