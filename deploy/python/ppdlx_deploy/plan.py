@@ -202,6 +202,11 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
             return plan
         plan["engine"] = "cuda"
         notes.append(f"engine cuda: Paddle GPU kernels, {'fp16 mixed precision' if precision == 'fp16' else 'fp32'}")
+        if precision == "fp16" and meta.get("model", {}).get("family") == "detection":
+            # Paddle's auto_mixed_precision_pass runs every op with a GPU fp16 kernel in fp16, the anchors'
+            # gather and the box decoding included: coordinates to the input size round to 0.25-0.5 px
+            notes.append("fp16 decodes the boxes in fp16 too (anchor coordinates round to up to 0.5 px at the "
+                         "input size): check the AP with tools/export_model.py --verify, or serve fp32")
     elif backend == "onnxruntime":
         if precision != "fp32":
             raise UnsupportedError(f"--backend onnxruntime --precision {precision}: only fp32 is offered here")
