@@ -121,7 +121,7 @@ def check_gpu_amp(dtype: str, gpu_name: str, capability: tuple, cuda_version: st
 
 # Paddle's float16 O1 list names conv2d but not depthwise_conv2d (the op a conv with groups ==
 # channels traces, as EfficientNet's and GPUNet's do); an op off the list whose filter is float32 runs
-# in float32, so O1 left half of those networks' convolutions float32. Its GPU kernels take float16.
+# in float32, so O1 left those networks' depthwise convolutions float32. Its GPU kernels take float16.
 FLOAT16_WHITE_LIST = {"depthwise_conv2d"}
 
 

@@ -72,7 +72,11 @@ def check_ranks_resume_alike(out: str, resume_path) -> None:
     seen = []
     pdist.all_gather_object(seen, _resume_fingerprint(resume_path))
     if any(f != seen[0] for f in seen):
-        found = "; ".join(f"rank {r}: {_describe(f)}" for r, f in enumerate(seen))
+        groups = {}  # what was found -> the ranks that found it, in rank order
+        for r, fingerprint in enumerate(seen):
+            groups.setdefault(repr(fingerprint), (fingerprint, []))[1].append(r)
+        found = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}: {_describe(f)}"
+                          for f, ranks in groups.values())
         raise ConfigError(f"global.output_dir={out}: the ranks of this job see different checkpoints there ({found}); "
                           f"every rank must read the same global.output_dir (a folder all nodes share), or resume "
                           f"from one checkpoint all nodes can read (train.resume=<path>)")
