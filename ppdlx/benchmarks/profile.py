@@ -42,8 +42,10 @@ def _child(config, overrides, steps, warmup, top):
 
     from ppdlx.benchmarks.train import _Trainer
     from ppdlx.config import load_config
+    # after the user's overrides: the settings compared are CPU switches and the profiler's target is the
+    # CPU, so on a GPU host the rows would be kernel-launch times of one same GPU run
     cfg = load_config(config, ["data.backend=synthetic", "global.log_interval=1000000", "ema.enabled=false",
-                               *overrides])
+                               *overrides, "global.device=cpu"])
     cfg = cfg.replace({"global.output_dir": cfg.global_.output_dir.rstrip("/") + "_profile"})
     runner = _Trainer(cfg)
     runner.run(warmup)

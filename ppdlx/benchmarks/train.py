@@ -198,7 +198,9 @@ def ratio_to_best(rows, prefix="torch", mine="ppdlx"):
 
 def run(args):
     from ppdlx.config import flatten_overrides, load_config
+    from ppdlx.engine.builders import resolve_device
     from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    from ppdlx.errors import ConfigError
     overrides = ["data.backend=synthetic", "global.log_interval=1000000", "ema.enabled=false",
                  *flatten_overrides(args.override)]
     cfg = resolve_preprocessing(load_config(args.config, overrides))  # the bare loop reads its crop size
@@ -206,6 +208,11 @@ def run(args):
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     if args.compare_torch and "torch" not in cases:
         cases.append("torch")
+    device = resolve_device(cfg.global_.device)
+    if "torch" in cases and device != "cpu":
+        raise ConfigError(f"--compare-torch runs PyTorch on CPU, and ppdlx would train on {device} "
+                          f"(global.device={cfg.global_.device}): add -o global.device=cpu to compare the two "
+                          f"on this CPU")
     extra_runners, worker = {}, None
     if "torch" in cases:
         worker = _torch_runners(cfg, args, extra_runners)

@@ -3,11 +3,14 @@ saves the inference program, checks it against the dynamic model with Paddle Inf
 onnxruntime with ``onnx=True``), and writes ``inference.yml``."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
 from typing import List, Optional, Sequence
+
+import paddle
 
 import ppdlx.export.meta as M
 from ppdlx.errors import ConfigError, UnsupportedError, paddle_error_line
@@ -188,6 +191,19 @@ def _checked_run(runner: PaddleInferenceRunner, feeds: dict, files, data_format:
                                f"{os.path.basename(files.model_file)}: {paddle_error_line(err)}{hint}") from None
 
 
+@contextlib.contextmanager
+def on_cpu():
+    """The export builds, traces and checks its model on CPU whatever device Paddle defaults to: the
+    files hold no place, and the check compares with a CPU predictor, against which a GPU reference
+    (TF32 convolutions and matmuls by default on Ampere) would differ by more than its tolerance."""
+    previous = paddle.get_device()
+    paddle.set_device("cpu")
+    try:
+        yield
+    finally:
+        paddle.set_device(previous)
+
+
 def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] = None, onnx: Optional[bool] = None,
                  labels: Optional[Sequence[str]] = None, fmt: str = "pir", model=None, check: bool = True,
                  check_batch_sizes: Sequence[int] = (1, 2), atol: float = 1e-4, rtol: float = 1e-4,
@@ -214,7 +230,7 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
                                "NCHW (the same weights) for ONNX")
     # written and checked in a staging folder, then published whole: a failed re-export leaves the
     # previous export working, not its inference.yml over a new, unchecked program
-    with staged_export(output_dir) as staging:
+    with staged_export(output_dir) as staging, on_cpu():
         given_model = model
         model = model_in_layout(cfg, weights, model)
         model.eval()

@@ -47,12 +47,16 @@ def _onnx_is_quantized(path: str) -> bool:
     return any(node.op_type in QUANTIZED_ONNX_OPS for node in graph.node)
 
 
-def verify_cases(model_dir: str, meta: dict, D) -> List[dict]:
-    """``{"backend", "precision", "run_precision", "skipped"}`` for every backend/precision."""
+def verify_cases(model_dir: str, meta: dict, D, cuda: Optional[bool] = None) -> List[dict]:
+    """``{"backend", "precision", "run_precision", "skipped"}`` for every backend/precision; ``cuda``
+    None: whether this Paddle build sees a CUDA device."""
     import paddle
+    if cuda is None:
+        cuda = paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
     cases = []
     files = D.model_files(model_dir, meta)
-    if D.is_quantized(files["model_file"]):
+    quantized = D.is_quantized(files["model_file"])
+    if quantized:
         cases.append({"backend": "paddle-cpu", "precision": "int8"})
     else:
         cases.append({"backend": "paddle-cpu", "precision": "fp32"})
@@ -67,7 +71,11 @@ def verify_cases(model_dir: str, meta: dict, D) -> List[dict]:
             cases.append({"backend": "onnxruntime", "precision": precision, "run_precision": "fp32"})
         except ImportError:
             cases.append({"backend": "onnxruntime", "precision": "fp32", "skipped": "onnxruntime is not installed"})
-    if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+    if cuda and quantized:  # its quantize ops are int8 only through TensorRT on a GPU
+        cases.append({"backend": "trt", "precision": "int8"})
+        cases.append({"backend": "paddle-gpu", "precision": "int8",
+                      "skipped": "a quantised program runs int8 on GPU through TensorRT only"})
+    elif cuda:
         cases.append({"backend": "paddle-gpu", "precision": "fp32"})
         cases.append({"backend": "paddle-gpu", "precision": "fp16"})
         cases.append({"backend": "trt", "precision": "fp16"})

@@ -227,3 +227,19 @@ def test_an_export_in_the_output_dir_is_never_lost(int8_export, tmp_path):
         replaced = yaml.safe_load(f)
     assert report["model_dir"] == str(earlier) and replaced["quantization"]["calibration"]["images"] == 16
     assert sorted(os.listdir(earlier)) == sorted(os.listdir(int8_export["dir"]))
+
+
+def test_verify_on_a_cuda_host_runs_a_quantised_export_through_tensorrt_int8(int8_export):
+    """Before: on a CUDA build --verify judged the int8 export as paddle-gpu fp32 (and fp16, trt fp16)
+    under the fp32 gate (99.5 % agreement; int8 agrees 99.4 % here), so --verify-only on a quantize.py
+    output failed naming a re-export, and TensorRT int8, the GPU's int8 route, never ran."""
+    from ppdlx.benchmarks.infer import load_deploy_module
+    from ppdlx.export.verify import verify_cases
+    D = load_deploy_module()
+    model_dir = int8_export["dir"]
+    meta = D.load_meta(model_dir)
+    gpu_cases = [c for c in verify_cases(model_dir, meta, D, cuda=True) if c["backend"] in ("paddle-gpu", "trt")]
+    assert gpu_cases == [{"backend": "trt", "precision": "int8"},
+                         {"backend": "paddle-gpu", "precision": "int8",
+                          "skipped": "a quantised program runs int8 on GPU through TensorRT only"}]
+    assert [c["precision"] for c in verify_cases(model_dir, meta, D, cuda=False)][0] == "int8"

@@ -89,8 +89,13 @@ def trt_environment(gpu_id: int) -> dict:
     Paddle runs and Paddle's version. Paddle reloads any engine file of the same name it finds."""
     import paddle
     from paddle import inference
-    env = {"paddle": paddle.__version__,
-           "tensorrt": ".".join(str(v) for v in inference.get_trt_runtime_version()), "gpu": None}
+    try:
+        runtime = inference.get_trt_runtime_version()
+    except (RuntimeError, OSError) as err:  # a TensorRT build whose libnvinfer cannot be loaded
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise UnsupportedError(f"--backend trt: Paddle cannot load the TensorRT library ({first}); install the "
+                               f"TensorRT this Paddle was built with") from None
+    env = {"paddle": paddle.__version__, "tensorrt": ".".join(str(v) for v in runtime), "gpu": None}
     if paddle.device.cuda.device_count() > int(gpu_id):
         env["gpu"] = paddle.device.cuda.get_device_name(int(gpu_id))
         env["capability"] = list(paddle.device.cuda.get_device_capability(int(gpu_id)))
