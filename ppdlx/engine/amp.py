@@ -160,6 +160,23 @@ def clip_norms_in_float32() -> None:
     paddle.nn.clip._clip_by_global_norm_using_mp_type(True)
 
 
+# Paddle adds a coupled L2 weight decay to the gradient in the gradient's dtype, reading the float32
+# master only when the two dtypes differ (Optimizer._create_regularization_of_grad): under O2 both are
+# low precision, so 1e-5 * w rounds away against most gradients. Momentum and AdamW apply their decay
+# inside their kernels, on the masters.
+O2_DECAY_ON_MASTERS = ("momentum", "adamw")
+
+
+def check_o2_weight_decay(plan: AmpPlan, optimizer_cfg) -> None:
+    if plan.enabled and plan.level == "O2" and optimizer_cfg.weight_decay and \
+            optimizer_cfg.name not in O2_DECAY_ON_MASTERS:
+        raise UnsupportedError(f"amp.level=O2 with optimizer.name={optimizer_cfg.name} and optimizer.weight_decay="
+                               f"{optimizer_cfg.weight_decay}: Paddle adds this optimizer's weight decay to the "
+                               f"{plan.dtype} gradients in {plan.dtype}, where most of it rounds away; use "
+                               f"amp.level=O1 (float32 weights) or optimizer.name "
+                               f"{' or '.join(O2_DECAY_ON_MASTERS)}")
+
+
 def decorate_o2(plan: AmpPlan, model, optimizer):
     """O2 keeps fp32 master weights in the optimizer (multi_precision) and casts the model's
     parameters in place (``paddle.amp.auto_cast.amp_initialize``; norms stay fp32). Everything that

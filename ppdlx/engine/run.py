@@ -23,7 +23,7 @@ from ppdlx.config import save_config
 from ppdlx.data.coco_index import sharing_indexes
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine import hooks as std
-from ppdlx.engine.amp import build_scaler, check_image_dtype, decorate_o2, plan_amp
+from ppdlx.engine.amp import build_scaler, check_image_dtype, check_o2_weight_decay, decorate_o2, plan_amp
 from ppdlx.engine.analysis import write_analysis
 from ppdlx.engine.builders import count_trainable_params, seed_everything
 from ppdlx.engine.cpu_kernels import use_fast_cpu_kernels
@@ -87,6 +87,7 @@ def _assemble_training(cfg, hooks, amp, task, env, resume_path) -> Trainer:
     names = paddle.utils.unique_name.guard() if graph == "static" else contextlib.nullcontext()
     with names:
         amp = amp or plan_training_amp(resolved, env.device, fast_kernels, env.cpu_threads)
+        check_o2_weight_decay(amp, cfg.optimizer)
         plan = RunPlan(env.rank, env.world_size, env.device, env.cpu_threads, graph,
                        "dygraph" if graph == "dynamic" else _static_ir(), data_format, fast_kernels, amp, preprocess)
         run_cfg = plan.configure(resolved)
