@@ -140,9 +140,12 @@ class DistillationObjective:
     @paddle.no_grad()
     def teacher_logits(self, images):
         self.teacher.eval()
+        images = images.astype("float32")  # DALI's float16 batches (data.dali.output_dtype) included
         if self.renormalize is not None:
             images = images * self.renormalize[0] + self.renormalize[1]
-        return self.teacher(images).detach().astype("float32")
+        # in float32 outside the student's autocast, as the reference's train_one_epoch calls its teacher
+        with paddle.amp.auto_cast(enable=False):
+            return self.teacher(images).detach().astype("float32")
 
     def soft_target_loss(self, student_logits, teacher_logits):
         t = self.temperature

@@ -111,3 +111,30 @@ def test_teacher_config_errors_are_one_line(tiny_tree, tmp_path, teacher):
     assert teacher_data_config(cfg) is cfg
     cfg = load_config(None, _overrides(tiny_tree, tmp_path / "c", teacher_cfg, prefix))
     assert teacher_data_config(cfg).data.transforms.crop_size == 48 and cfg.data.transforms.crop_size == 32
+
+
+def test_the_teacher_runs_in_float32_outside_the_students_autocast():
+    """NVIDIA's GPUNet train_one_epoch calls its teacher after its autocast block, in float32; the
+    teacher ran inside the student's float16 autocast. Read through the AMP state the forward sees
+    (auto_cast sets it on a CPU place too)."""
+    import importlib
+
+    from ppdlx.engine.amp import AmpPlan, autocast
+    auto_cast_module = importlib.import_module("paddle.amp.auto_cast")  # the module, not the function
+    seen = []
+
+    class Recording(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.fc = paddle.nn.Linear(3, 4)
+
+        def forward(self, x):
+            state = auto_cast_module.amp_state()
+            seen.append((bool(state and state["enable"]), str(x.dtype)))
+            return self.fc(paddle.flatten(x.mean(axis=[2, 3]), 1))
+
+    objective = DistillationObjective(LabelSmoothingCrossEntropy(4, 0.1), Recording(), 8)
+    with autocast(AmpPlan(True, "float16", "O1", True)):
+        objective(Recording(), (paddle.randn([2, 3, 8, 8]), paddle.to_tensor([0, 1])), 0, 0)
+    student, teacher = seen  # the objective runs the student first
+    assert student[0] is True and teacher == (False, "paddle.float32")
