@@ -55,7 +55,9 @@ def elementwise_cfg(out, *extra):
         "model.name=test_elementwise_net", "model.num_classes=4", "data.backend=synthetic",
         "data.synthetic.num_images=16", "data.batch_size=4", f"data.transforms.crop_size={CROP}", "train.epochs=1",
         "lr.base_lr=0.1", "lr.scale_with_batch=false", "lr.warmup_epochs=0", "train.graph=static",
-        "optimizer.name=sgd", "amp.enabled=true", "amp.dtype=bfloat16", "amp.level=O2", *extra])
+        # no weight decay: O2 refuses sgd's coupled decay (ppdlx.engine.amp.check_o2_weight_decay)
+        "optimizer.name=sgd", "optimizer.weight_decay=0", "amp.enabled=true", "amp.dtype=bfloat16", "amp.level=O2",
+        *extra])
 
 
 def trainer_with_plan(cfg, plan):
