@@ -69,16 +69,13 @@ def plan_amp(amp_cfg, device: str, fast_cpu_kernels: bool = False, cpu_threads: 
     if not amp_cfg.enabled:
         return AmpPlan(False, "float32", "O0", False)
     on_gpu = device.startswith("gpu")
-    if amp_cfg.dtype == "float16":
-        if not on_gpu:
-            why = "this Paddle build has no CUDA" if not paddle.is_compiled_with_cuda() else "global.device is cpu"
-            raise UnsupportedError(f"amp.dtype=float16 needs a GPU and {why}; "
-                                   f"use amp.dtype=bfloat16 or amp.enabled=false on CPU")
+    if amp_cfg.dtype == "float16" and not on_gpu:
+        why = "this Paddle build has no CUDA" if not paddle.is_compiled_with_cuda() else "global.device is cpu"
+        raise UnsupportedError(f"amp.dtype=float16 needs a GPU and {why}; "
+                               f"use amp.dtype=bfloat16 or amp.enabled=false on CPU")
+    if on_gpu:  # float16 with loss scaling, bfloat16 without
         check_gpu_amp(amp_cfg.dtype, *gpu_amp_facts(device))
-        return AmpPlan(True, "float16", amp_cfg.level, True)
-    if on_gpu:
-        check_gpu_amp(amp_cfg.dtype, *gpu_amp_facts(device))
-        return AmpPlan(True, "bfloat16", amp_cfg.level, False)
+        return AmpPlan(True, amp_cfg.dtype, amp_cfg.level, amp_cfg.dtype == "float16")
     if bf16_autocast_works_on_cpu():
         return AmpPlan(True, "bfloat16", amp_cfg.level, False)
     from ppdlx.engine.cpu_bf16 import plan_cpu_bf16

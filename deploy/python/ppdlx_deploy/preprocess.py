@@ -1,8 +1,8 @@
-"""Image files to network inputs, as ``inference.yml`` describes: a line-by-line mirror of
-ppdlx.data.transforms (EvalTransform) for classification, and of EfficientDet's eval transform
-(ppdlx.data.coco_dataset / coco_geometry.eval_size: longer side to the input size, pad
-bottom/right) for detection. deploy/ must run without ppdlx, so the geometry is defined here and
-ppdlx's evaluation transforms use these functions: what a deployment feeds is what was evaluated.
+"""Image files to network inputs, as ``inference.yml`` describes: resize the shorter side and crop
+the centre (classification), or resize the longer side to the input size and pad bottom/right
+(detection). deploy/ must run without ppdlx, so this geometry is defined here and ppdlx's evaluation
+transforms (ppdlx.data.transforms.EvalTransform, coco_geometry.eval_size) call these functions: what
+a deployment feeds is what was evaluated.
 
 ``preprocess.color`` is the channel order the network was trained on: ``RGB`` (every ppdlx
 export) or ``BGR`` (channels reversed after decoding, before normalising)."""
