@@ -21,6 +21,7 @@ same program for a classifier, the program up to NMS for a detector (:mod:`ppdlx
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -31,11 +32,19 @@ import paddle.nn as nn
 from ppdlx.errors import ConfigError
 from ppdlx.export.files import ModelFiles
 from ppdlx.export.meta import classification_preprocess, detection_preprocess
-from ppdlx.export.onnx_detection import (check_candidates_close, check_detections_close, onnx_section,
-                                        save_candidates_program)
+from ppdlx.export.onnx_detection import (check_candidates_close, check_detections_close,
+                                        integer_topk_index_division, onnx_section, save_candidates_program)
 from ppdlx.export.onnx_export import OnnxRunner, check_close, export_onnx
 from ppdlx.export.paddle_export import (DETECTION_ROLES, INPUT_NAME, SCALE_NAME, ClassifierForExport,
                                         DetectorForExport, image_shape, save_classifier, save_detector)
+
+log = logging.getLogger("ppdlx")
+
+# TensorRT's TopK layer takes k <= 3840 (both the ONNX parser's engines and Paddle-TRT's converter
+# build one), so an exported detector keeps at most that many candidates before NMS. With hard NMS a
+# lower-ranked candidate can neither suppress nor outrank a higher one, so the kept detections only
+# change when fewer than max_detections of the top 3840 survive.
+TENSORRT_TOPK_MAX = 3840
 
 
 def classification_export_spec(transforms, output: str, num_classes: int) -> dict:
@@ -88,6 +97,10 @@ def detection_graph(model, spec: dict, output_dir: str, data_format: str, fmt: s
     size = spec["image_size"]
     post = EfficientDetPostProcess(num_classes=spec["num_classes"], image_size=size, data_format=data_format,
                                    **spec["anchors"], **spec["nms"])
+    if post.pre_nms_top_k > TENSORRT_TOPK_MAX:
+        log.info("export: pre_nms_top_k %d -> %d in the exported graph (TensorRT's TopK limit; written to "
+                 "inference.yml, which --verify's evaluator reads)", post.pre_nms_top_k, TENSORRT_TOPK_MAX)
+        post.pre_nms_top_k = TENSORRT_TOPK_MAX
     files = save_detector(model, post, output_dir, size, data_format, fmt)
     inputs = [_image_input(data_format, size),
               {"name": SCALE_NAME, "shape": [-1], "dtype": "float32", "layout": "N", "role": "scale"}]
@@ -136,6 +149,7 @@ def detection_onnx(graph: ExportGraph, spec: dict, onnx_file: str, data_format: 
         export_onnx(files, onnx_file, opset=opset)
     finally:
         shutil.rmtree(files.model_dir, ignore_errors=True)
+    integer_topk_index_division(onnx_file)
     runner = OnnxRunner(onnx_file, threads)
     return OnnxTarget(onnx_file, runner, layer, inputs, check_candidates_close,
                       onnx_section(runner.output_names, inputs, graph.layer.postprocess))

@@ -63,6 +63,71 @@ def save_candidates_program(detector: nn.Layer, output_dir: str, image_size: int
     return find_model_files(source), layer, inputs
 
 
+def integer_topk_index_division(onnx_file: str) -> int:
+    """Rewrite paddle2onnx's floor division of top-k indices into one integer ``Div``; returns how many.
+
+    paddle2onnx 2.1 converts every integer ``//`` through float (``Cast``, ``Div``, ``Floor``, ``Cast``
+    back). A candidate's anchor (its top-k index // num_classes) goes up to anchors x classes, 3.9
+    million at 512 px: exact in float32, but an engine built with ``trtexec --fp16`` may run that
+    ``Div`` in float16, exact to 2048 and infinite above 65504, and gather the wrong anchors. Top-k
+    indices are >= 0, where ONNX's truncating integer ``Div`` is the floor."""
+    import onnx
+    from onnx import helper, numpy_helper
+    model = onnx.load(onnx_file)
+    graph = model.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    consumers = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    initializers = {t.name: t for t in graph.initializer}
+
+    def only_consumer(name, op_type):
+        nodes = consumers.get(name, [])
+        return nodes[0] if len(nodes) == 1 and nodes[0].op_type == op_type else None
+
+    def constant(name):
+        node = producers.get(name)
+        if node is not None and node.op_type == "Cast":
+            name = node.input[0]
+        return numpy_helper.to_array(initializers[name]) if name in initializers else None
+
+    integers = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+    rewritten = []
+    indices = [node.output[1] for node in graph.node if node.op_type == "TopK"]
+    for name in indices:  # the indices and their Identity copies
+        indices += [n.output[0] for n in consumers.get(name, []) if n.op_type == "Identity"]
+    for to_float in [node for node in graph.node if node.op_type == "Cast" and node.input[0] in indices]:
+        for div in [n for n in consumers.get(to_float.output[0], []) if n.op_type == "Div"]:
+            divisor = constant(div.input[1])
+            floor = only_consumer(div.output[0], "Floor")
+            back = floor and only_consumer(floor.output[0], "Cast")
+            if (div.input[0] != to_float.output[0] or divisor is None or divisor.size != 1
+                    or float(divisor.reshape(-1)[0]) != int(divisor.reshape(-1)[0]) or not back
+                    or helper.get_attribute_value(back.attribute[0]) not in integers):
+                continue
+            name = f"{div.name}_integer_divisor"
+            graph.initializer.append(numpy_helper.from_array(divisor.reshape(-1)[:1].astype(np.int64), name))
+            division = helper.make_node("Div", [to_float.input[0], name], [f"{div.output[0]}_integer"],
+                                        name=f"{div.name}_integer")
+            cast = helper.make_node("Cast", division.output, back.output, name=back.name,
+                                    to=helper.get_attribute_value(back.attribute[0]))
+            rewritten.append((div, floor, back, [division, cast]))
+    for div, floor, back, replacement in rewritten:
+        at = list(graph.node).index(div)
+        for node in (div, floor, back):
+            graph.node.remove(node)
+        for offset, node in enumerate(replacement):
+            graph.node.insert(at + offset, node)
+    if rewritten:
+        used = {name for node in graph.node for name in node.input} | {out.name for out in graph.output}
+        for node in [n for n in graph.node if n.op_type == "Cast" and not set(n.output) & used]:
+            graph.node.remove(node)
+        onnx.checker.check_model(model)
+        onnx.save(model, onnx_file)
+    return len(rewritten)
+
+
 def onnx_section(output_names: Sequence[str], inputs: List[dict], postprocess) -> dict:
     """``inference.yml``'s ``onnx`` section: the graph's own I/O and the NMS the deploy side runs
     (the arguments ``ppdlx.models.detection.nms.multiclass_hard_nms`` gives the Paddle kernel), and the

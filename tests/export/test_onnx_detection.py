@@ -228,3 +228,35 @@ def test_export_carries_the_batchnorm_statistics_the_evaluator_uses(verified, tr
     assert all(d in good and d in old for d in others)
     assert all(d in old for d in statistics)
     assert sum(d in good for d in statistics) == 2 * frozen
+
+
+def _topk_ks(graph):
+    initializers = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    ks = []
+    for node in (n for n in graph.node if n.op_type == "TopK"):
+        name = node.input[1]
+        while name in producers and producers[name].op_type in ("Cast", "Identity"):
+            name = producers[name].input[0]
+        ks.append(int(initializers[name].reshape(-1)[0]))
+    return ks
+
+
+def test_the_onnx_detector_is_within_tensorrt_topk_limit_and_divides_its_anchor_indices_as_integers(shapes, tmp_path):
+    """TensorRT builds no TopK with k > 3840, and an engine built with --fp16 may run float Div layers
+    in float16 (exact to 2048): the anchor index of each candidate (up to 9207 here) is an integer Div."""
+    cfg = load_config(CONFIG, [f"data.root={shapes}", "detection.freeze_bn_max_pixels=0", "data.coco.image_size=128",
+                               "detection.pre_nms_top_k=5000"])
+    paddle.seed(0)
+    model = task_of(cfg).build_model(cfg, 3)
+    model.eval()
+    report = export_model(cfg, output_dir=str(tmp_path), model=model, onnx=True, check_batch_sizes=(2,))
+    assert report["checks"]["onnxruntime_bs2_max_abs_diff"] <= 1e-4
+    graph = onnx.load(str(tmp_path / "inference.onnx")).graph
+    assert _topk_ks(graph) == [3840]
+    assert D.load_meta(str(tmp_path))["postprocess"]["pre_nms_top_k"] == 3840
+    indices = [next(n for n in graph.node if n.op_type == "TopK").output[1]]
+    indices += [n.output[0] for n in graph.node if n.op_type == "Identity" and n.input[0] in indices]
+    readers = [n for n in graph.node if set(indices) & set(n.input) and n.op_type != "Identity"]
+    assert sorted(n.op_type for n in readers) == ["Div", "Mod"]
+    assert not any(n.op_type == "Floor" for n in graph.node)
