@@ -174,7 +174,7 @@ def classify(args, cfg, model):
     num_classes = cfg.model.num_classes
     paths = image_paths(args.image)
     names, names_from = class_names(args, cfg)
-    missing = load_weights(model, cfg.model.weights)
+    missing = load_weights(model, cfg.model.weights, copy=cfg.model.weights_copy)
     if missing:
         raise ConfigError(f"model.weights={cfg.model.weights}: {len(missing)} model parameters are not in the file "
                           f"(e.g. '{missing[0]}'), so predictions would use random values")

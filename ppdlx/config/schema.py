@@ -98,6 +98,9 @@ class ModelConfig(Section):
     # model.weights whose classifier (default_cfg["classifier"]) has another class count: auto = re-initialise
     # it when only the classifier's shapes differ (one log line); true = always; false = one-line error
     reset_head: Union[bool, Literal["auto"]] = "auto"
+    # a ppdlx checkpoint keeps the raw weights and, with ema.enabled, the EMA: auto = the copy its
+    # metrics were measured on (the EMA with ema.eval_with_ema, which also picked best); ema; raw
+    weights_copy: Literal["auto", "ema", "raw"] = "auto"
     data_format: Literal["NCHW", "NHWC"] = "NCHW"
     # Family-specific constructor arguments, checked against the builder's signature.
     args: Mapping[str, Any] = Field(default_factory=dict)

@@ -291,10 +291,13 @@ def _reset_head(model, loaded: dict, path: str, reset_head: str) -> dict:
     return {k: v for k, v in loaded.items() if k not in head}
 
 
-def load_weights(model, path: str, reset_head="false") -> list:
+def load_weights(model, path: str, reset_head="false", copy: str = "auto") -> list:
     """Load weights only (``model.weights``): a ppdlx checkpoint, ``SOURCE:FILE`` or a foreign file. Shape
     mismatch -> one line naming the parameter, unless ``reset_head`` (``auto``: only the classifier's shapes
     differ; ``true``: always) drops the classifier so the model keeps its fresh one.
+
+    ``copy`` (``model.weights_copy``): the EMA or the raw weights of a ppdlx checkpoint
+    (:func:`ppdlx.engine.checkpoint_files.read_pdparams`).
 
     Returns the names of model parameters that were not loaded.
     """
@@ -304,7 +307,7 @@ def load_weights(model, path: str, reset_head="false") -> list:
     from ppdlx.weights import parse_weights_spec
     source, file = parse_weights_spec(path)
     if source is None and (is_ppdlx_prefix(path) or not os.path.isfile(file)):
-        loaded = read_pdparams(path)
+        loaded = read_pdparams(path, copy)
     else:
         loaded = _import_foreign(model, path)
     return check_and_set(model, _reset_head(model, loaded, path, reset_head), path)

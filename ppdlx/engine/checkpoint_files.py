@@ -15,6 +15,7 @@ Kept apart from ``ppdlx.engine.checkpoint`` (which also imports foreign checkpoi
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pickle
 
@@ -25,7 +26,11 @@ from ppdlx.engine.checkpoint_unit import (MANIFEST, MODEL, OPTIMIZER, STATES, UN
                                           is_unit, read_file, read_manifest, write_durably)
 from ppdlx.errors import ConfigError
 
+log = logging.getLogger("ppdlx")
+
 SUFFIXES = (".pdparams", ".pdopt", ".pdstates")
+# model.weights_copy: which of a checkpoint's two copies of the weights model.weights loads
+WEIGHTS_COPIES = ("auto", "ema", "raw")
 ROLES = {"model": (MODEL, ".pdparams"), "optimizer": (OPTIMIZER, ".pdopt"), "states": (STATES, ".pdstates")}
 # Earlier layout: a .pdparams/.pdopt written this long after its .pdstates came from a later save that was
 # killed before its own .pdstates (a copy that did not keep the times writes all three within moments).
@@ -166,16 +171,32 @@ def load_states(path: str) -> dict:
     return read_checkpoint(path, ("states",), require=("states",))["states"]
 
 
-def read_pdparams(path: str) -> dict:
+def read_pdparams(path: str, copy: str = "auto") -> dict:
     """The model state of the checkpoint ``path`` names, as name -> tensor (a ``{"model": ...}`` wrapper is
-    unwrapped); a missing or damaged file is one line starting ``model.weights=<path>:``."""
+    unwrapped); a missing or damaged file is one line starting ``model.weights=<path>:``.
+
+    ``copy`` (``model.weights_copy``): a run with ``ema.eval_with_ema`` picks ``best`` and reports its
+    metrics on the EMA, which the checkpoint keeps beside the raw weights, so ``auto`` loads the copy
+    its last metrics were measured on; ``ema`` or ``raw`` name one."""
+    if copy not in WEIGHTS_COPIES:
+        raise ConfigError(f"model.weights_copy={copy!r}: use {', '.join(WEIGHTS_COPIES)}")
     try:
-        loaded = read_checkpoint(path, ("model",), require=("model",))["model"]
+        loaded = read_checkpoint(path, ("model", "states"), require=("model",))
     except CheckpointError as err:
         raise CheckpointError(f"model.weights={path}: {err}") from None
-    if isinstance(loaded, dict) and "model" in loaded and isinstance(loaded["model"], dict):
-        loaded = loaded["model"]
-    return loaded
+    state, states = loaded["model"], loaded["states"] or {}
+    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+        state = state["model"]
+    shadow = (states.get("ema") or {}).get("shadow")
+    measured_on = (states.get("last_metrics") or {}).get("weights", "raw")
+    if copy == "ema" and not shadow:
+        raise CheckpointError(f"model.weights={path}: model.weights_copy=ema, but the checkpoint holds no EMA "
+                              f"(trained with ema.enabled=false); use model.weights_copy=auto")
+    if copy == "ema" or (copy == "auto" and shadow and measured_on == "ema"):
+        log.info("model.weights=%s: the EMA copy, %s (-o model.weights_copy=raw loads the raw weights)", path,
+                 "as asked" if copy == "ema" else "the weights its metrics were measured on")
+        return {**state, **shadow}
+    return state
 
 
 def check_and_set(model, loaded: dict, path: str) -> list:
@@ -194,6 +215,6 @@ def check_and_set(model, loaded: dict, path: str) -> list:
     return [k for k in own if k not in loaded]
 
 
-def load_prefix_weights(model, path: str) -> list:
+def load_prefix_weights(model, path: str, copy: str = "auto") -> list:
     """A ppdlx checkpoint's model state into ``model`` as it is (no import, no head reset)."""
-    return check_and_set(model, read_pdparams(path), path)
+    return check_and_set(model, read_pdparams(path, copy), path)

@@ -54,7 +54,7 @@ class Detector:
         cfg = resolve_preprocessing(cfg)
         self.cfg = cfg
         self.model = build_detection_model(cfg, cfg.model.num_classes)
-        ckpt.load_weights(self.model, cfg.model.weights)
+        ckpt.load_weights(self.model, cfg.model.weights, copy=cfg.model.weights_copy)
         self.model.eval()
         self.post = build_postprocess(cfg, self.model)
         self.nms, self.score_threshold = nms, score_threshold

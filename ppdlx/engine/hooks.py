@@ -134,11 +134,22 @@ class EMA(Hook):
         if self.trainer.result.applied:
             self.trainer.step.update_ema()
 
+    restored = False
+
     def state_dict(self):
         return self.trainer.step.ema.state_dict()
 
     def set_state_dict(self, state):
         self.trainer.step.ema.set_state_dict(state)
+        self.restored = True
+
+    def after_resume(self):
+        # The shadow was made from the weights the run was built with, random ones when it resumes:
+        # a checkpoint trained without the EMA has none to restore, so it starts from the resumed weights.
+        if not self.restored:
+            self.trainer.step.ema.set_state_dict({"updates": 0, "shadow": self.trainer.step.model_state()})
+            log.info("resume: the checkpoint holds no EMA (trained with ema.enabled=false): the EMA starts "
+                     "from its weights")
 
 
 class MetricWriter(Hook):

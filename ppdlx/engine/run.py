@@ -106,7 +106,7 @@ def _assemble_training(cfg, hooks, amp, task, env, resume_path) -> Trainer:
         if resume_path:
             ckpt.check_resumable(resume_path, model, cfg.model.name)
         elif cfg.model.weights:
-            missing = ckpt.load_weights(model, cfg.model.weights, cfg.model.reset_head)
+            missing = ckpt.load_weights(model, cfg.model.weights, cfg.model.reset_head, cfg.model.weights_copy)
             log.info("loaded weights %s (%d parameters not in the file)", cfg.model.weights, len(missing))
     seed_everything(cfg.global_.seed + env.rank)
     steps = optimizer_steps_per_epoch(len(data.train_loader), cfg.train.accumulate, cfg.train.steps_per_epoch)
@@ -224,7 +224,7 @@ def evaluate(cfg, analysis_dir: str | None = None) -> dict:
     loader, num_classes = task.build_eval_data(cfg, env.rank, env.world_size)
     model = task.build_model(cfg, num_classes)
     task.prepare_model(cfg, model)
-    ckpt.load_weights(model, cfg.model.weights)
+    ckpt.load_weights(model, cfg.model.weights, copy=cfg.model.weights_copy)
     # Training checks its weights each step; a checkpoint given here may come from anywhere (a diverged run's).
     from ppdlx.export.checks import check_finite_weights
     check_finite_weights(model, cfg.model.weights, use="evaluate")

@@ -133,7 +133,7 @@ def build_trained_model(cfg, weights: Optional[str]):
     model = task.build_model(cfg, cfg.model.num_classes)
     task.prepare_model(cfg, model)
     if weights:
-        missing = load_weights(model, weights)
+        missing = load_weights(model, weights, copy=cfg.model.weights_copy)
         if missing:
             log.warning("export: %d model parameters not in %s (e.g. %s)", len(missing), weights, missing[0])
         apply_evaluation_statistics(cfg, model)
