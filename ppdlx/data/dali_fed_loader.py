@@ -22,7 +22,7 @@ import numpy as np
 import paddle
 
 from ppdlx.data.dali_feed import EpochFeed, ResumableRandomState, drained
-from ppdlx.data.dali_handover import dali_device_id
+from ppdlx.data.dali_handover import HeldBatches, dali_device_id
 from ppdlx.data.loader_common import nothing_readable, report_unreadable
 from ppdlx.errors import DataError
 
@@ -143,6 +143,7 @@ class FedDaliLoader(ResumableRandomState):
             pipe.reset()  # DALI's end of the last pass (the feed's StopIteration) back to a first iteration
             self._feed.start(order)
         position, done = 0, 0
+        held = HeldBatches(self.dali_cfg.prefetch_queue_depth + 1)
         try:
             while done < batches and position < len(order):
                 if pipe is None:
@@ -160,8 +161,10 @@ class FedDaliLoader(ResumableRandomState):
                 position += images
                 done += 1
                 yield batch
+                held.consumed(batch)
         except GeneratorExit:
             pass  # the consumer left the pass early; the pipeline is drained below
+        held.release_all()  # before DALI runs again (the drain, the next pass) and reuses their memory
         if pipe is not None:
             self._pipe = drained(pipe, self._feed)
 

@@ -11,6 +11,8 @@ paddle's current stream and wraps the result as a ``paddle.Tensor`` (Paddle 3.3
 """
 from __future__ import annotations
 
+import collections
+
 import paddle
 from nvidia.dali.backend import TensorListCPU, TensorListGPU
 
@@ -45,10 +47,10 @@ def to_paddle(output, device: str | None = None) -> paddle.Tensor:
     ``TensorCPU``/``TensorGPU`` (``as_tensor()``, ``tl[i]``), a numpy array (``TensorListCPU.at(i)``),
     a ``DenseTensor`` (``core.from_dlpack``, as DALI's iterator yields) or a ``paddle.Tensor``.
     DALI buffers are shared, not copied; with the dynamic executor DALI never reuses an output
-    it handed out, so the tensor stays valid while the pipeline runs on. For a GPU buffer,
-    ``from_dlpack`` passes paddle's current stream to ``__dlpack__`` and DALI makes that stream
-    wait until the data is ready. ``device`` (``"cpu"``, ``"gpu:0"``; None keeps DALI's place)
-    copies only when the data is elsewhere.
+    while the tensor holds it. For a GPU buffer, ``from_dlpack`` passes paddle's current stream to
+    ``__dlpack__`` and DALI makes that stream wait until the data is ready; when the tensor may be
+    dropped is :class:`HeldBatches`'s business. ``device`` (``"cpu"``, ``"gpu:0"``; None keeps DALI's
+    place) copies only when the data is elsewhere.
     """
     if isinstance(output, (TensorListCPU, TensorListGPU)):
         output = output.as_tensor()
@@ -57,3 +59,48 @@ def to_paddle(output, device: str | None = None) -> paddle.Tensor:
     elif not isinstance(output, paddle.Tensor):
         output = paddle.utils.dlpack.from_dlpack(output)
     return output if device is None else output.to(device=device)
+
+
+def _on_gpu(batch) -> bool:
+    if isinstance(batch, (tuple, list)):
+        return any(_on_gpu(item) for item in batch)
+    return isinstance(batch, paddle.Tensor) and batch.place.is_gpu_place()
+
+
+class HeldBatches:
+    """The last ``window`` batches a DALI loader handed out, each let go once paddle's stream has passed it.
+
+    A GPU output shared through DLPack returns to DALI's memory pool when paddle drops it on the host,
+    and DALI writes later batches into that memory on its own stream: nothing orders this after the
+    paddle kernels that read the batch, which the host may only have queued (an accumulation window's
+    micro-batches and precise BN read nothing back). So a batch stays referenced until an event,
+    recorded on paddle's stream when the consumer asked for the next batch, has completed: ``window``
+    batches later it has, unless the GPU is that far behind, and then the host waits for it.
+    """
+
+    def __init__(self, window: int):
+        self.window = window
+        self._held = collections.deque()
+
+    def consumed(self, batch) -> None:
+        """``batch``'s consumer asked for the next one: all its work on ``batch`` is queued."""
+        event = None
+        if _on_gpu(batch):
+            event = paddle.device.Event()
+            event.record()
+        self._held.append((batch, event))
+        while len(self._held) > self.window:
+            _, event = self._held.popleft()
+            if event is not None:
+                event.synchronize()
+
+    def release_all(self) -> None:
+        """At the end of a pass (or when the consumer left it): wait for paddle's stream once, let all go."""
+        if any(_on_gpu(batch) for batch, _ in self._held):
+            event = paddle.device.Event()
+            event.record()
+            event.synchronize()
+        self._held.clear()
+
+    def __len__(self) -> int:
+        return len(self._held)

@@ -250,6 +250,26 @@ def test_cpu_outputs_reach_paddle_zero_copy(tree):
     assert all(np.array_equal(x.numpy(), copy) for x, copy in held)
 
 
+def test_the_loader_keeps_each_batch_until_paddles_later_work_cannot_read_it(tree):
+    """A GPU batch dropped by paddle returns to DALI's pool and DALI's stream may write the next
+    batches into it while paddle's stream still reads it (an accumulation window reads nothing
+    back). The loader holds each batch for prefetch_queue_depth + 1 more batches; on CPU the reuse
+    shows as the same buffer address, here within 2 batches when nothing holds them."""
+    loader = dali_backend.build_dali_loader(_cfg(tree[0], "data.dali.num_threads=1"), "train")
+    window = loader.dali_cfg.prefetch_queue_depth + 1
+    addresses = [images.data_ptr() for images, _ in loader]  # each batch dropped when the next is taken
+    assert len(addresses) == 6
+    reused = [(j, i) for j, a in enumerate(addresses) for i in range(max(0, j - window), j) if addresses[i] == a]
+    assert not reused, f"(batch, reuses the memory of batch): {reused}"
+    from ppdlx.data.dali_handover import HeldBatches
+    held = HeldBatches(2)
+    for n in range(4):
+        held.consumed((paddle.zeros([1]), paddle.zeros([1])))
+        assert len(held) == min(n + 1, 2)
+    held.release_all()
+    assert len(held) == 0
+
+
 def _plugin_dlpack_tensor(tensor_list):
     """What DALIGenericIterator yields with the dynamic executor (nvidia/dali/plugin/paddle.py:348-353)."""
     out = paddle.framework.core.from_dlpack(tensor_list.as_tensor().__dlpack__())
