@@ -75,6 +75,11 @@ class PaddleIOLoader:
     between workers) and a 1-D first array when every sample of the batch was dropped. The loader
     yields the arrays without that last one, reports each dropped image once (``path_of(index)``)
     and skips empty batches; a whole pass without one readable image is a ``DataError`` naming ``source``.
+    A training pass (a :class:`TrainBatchSampler`) still yields ``len(self)`` batches, as the DALI
+    loaders do: each step of several ranks is a collective, and a rank one batch short would leave
+    the others waiting in it (NCCL may instead reduce unrelated buffers into each other). A batch
+    with no readable image is made up by repeating the pass's next readable batch (its last one at
+    the end of a pass).
     """
 
     source = ""  # the split directory or annotation file, for messages
@@ -104,7 +109,8 @@ class PaddleIOLoader:
 
     def __iter__(self):
         it = iter(self._loader)
-        yielded, dropped = 0, []
+        keep_length = isinstance(self.batch_sampler, TrainBatchSampler)
+        yielded, dropped, owed, last = 0, [], 0, None
         try:
             for *arrays, skipped in it:
                 for index in np.asarray(skipped).reshape(-1).tolist():
@@ -112,11 +118,17 @@ class PaddleIOLoader:
                         dropped.append(self.path_of(index))
                         report_unreadable(self.skipped_files, dropped[-1])
                 if arrays[0].ndim == 1:
+                    owed += keep_length
                     continue
-                yielded += 1
-                yield tuple(arrays)
+                last = tuple(arrays)
+                for _ in range(1 + owed):
+                    yielded += 1
+                    yield last
+                owed = 0
             if not yielded and dropped:
                 raise nothing_readable(self.source, len(dropped), dropped[0])
+            for _ in range(owed):
+                yield last
         finally:
             # A consumer that stops early (steps_per_epoch, precise BN) would otherwise leave the
             # worker processes of this pass alive until the iterator is garbage collected.

@@ -77,6 +77,29 @@ def test_corrupt_jpeg_is_skipped_with_one_warning_naming_it(tiny_tree, tmp_path,
     assert loader.skipped_files == [str(bad)]
 
 
+@pytest.mark.parametrize("unreadable_batch", [0, 3])
+def test_a_training_pass_keeps_its_length_when_a_whole_batch_is_unreadable(tiny_tree, tmp_path, unreadable_batch):
+    """Each training step of several ranks is a collective: a rank that dropped a batch would run one
+    step fewer (gloo stopped at the next all-reduce with a size mismatch; NCCL would hang)."""
+    import shutil
+    from ppdlx.data.samplers import TrainBatchSampler
+    root = tmp_path / "tree"
+    shutil.copytree(tiny_tree, root)
+    cfg = cfg_for(str(root), "data.batch_size=2")
+    loader = build_classification_loader(cfg, "train")
+    assert isinstance(loader.batch_sampler, TrainBatchSampler)
+    loader.set_epoch(0)
+    batch = list(loader.batch_sampler)[unreadable_batch]
+    for index in batch:
+        with open(loader.dataset.samples[index][0], "wb") as f:
+            f.write(b"\xff\xd8\xff\xe0 not a jpeg")
+    sizes = [int(y.shape[0]) for _, y in loader]
+    assert len(sizes) == len(loader) and sizes == [2] * len(loader)
+    assert len(loader.skipped_files) == 2
+    val = build_classification_loader(cfg_for(str(root)), "val")
+    assert sum(int(y.shape[0]) for _, y in val) == val.num_images  # evaluation counts each image once
+
+
 def test_missing_or_empty_split_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match=r"split directory not found"):
         build_classification_loader(cfg_for(str(tmp_path / "nope")), "train")
