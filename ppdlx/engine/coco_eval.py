@@ -120,27 +120,29 @@ def merge_shards(shards):
 def recompute_bn_stats(model, loader, num_batches: int) -> int:
     """"Precise BN": set every BatchNorm's running mean/variance to the average of its batch
     statistics over ``num_batches`` training batches, computed with the current weights (the
-    momentum-averaged statistics lag behind fast-changing weights in short runs). Averaged over
-    ranks. Returns the number of batches used."""
+    momentum-averaged statistics lag behind fast-changing weights in short runs). Each batch weighs
+    by its images, over all ranks: every rank joins the reduction, one whose shard gave no batch
+    too, and divides by the images of all ranks, so they all hold the same statistics. Returns the
+    number of batches this rank used."""
     from paddle.nn.layer.norm import _BatchNormBase
     bns = [layer for layer in model.sublayers(include_self=True)
            if isinstance(layer, _BatchNormBase) and not getattr(layer, "_use_global_stats", False)]
     if not bns or num_batches <= 0:
         return 0
     momenta = [bn._momentum for bn in bns]
-    sums = [[paddle.zeros_like(bn._mean), paddle.zeros_like(bn._variance)] for bn in bns]
+    sums = [paddle.zeros_like(t) for bn in bns for t in (bn._mean, bn._variance)]
     was_training = model.training
     model.train()
-    used = 0
+    used = images = 0
     try:
         for bn in bns:
             bn._momentum = 0.0  # running stats := this batch's stats
         for batch in loader:
+            size = int(batch[0].shape[0])
             model(batch[0])
-            for acc, bn in zip(sums, bns):
-                acc[0] += bn._mean
-                acc[1] += bn._variance
-            used += 1
+            for acc, value in zip(sums, (t for bn in bns for t in (bn._mean, bn._variance))):
+                acc.add_(value * size)
+            used, images = used + 1, images + size
             if used >= num_batches:
                 break
     finally:
@@ -148,15 +150,16 @@ def recompute_bn_stats(model, loader, num_batches: int) -> int:
             bn._momentum = m
         if not was_training:
             model.eval()
-    if used:
-        world = dist.world_size()
-        for (mean, var), bn in zip(sums, bns):
-            if world > 1:
-                import paddle.distributed as pdist
-                pdist.all_reduce(mean)
-                pdist.all_reduce(var)
-            bn._mean.set_value(mean / (used * world))
-            bn._variance.set_value(var / (used * world))
+    flat = paddle.concat([t.reshape([-1]) for t in sums] + [paddle.to_tensor([float(images)], sums[0].dtype)])
+    if dist.world_size() > 1:
+        import paddle.distributed as pdist
+        pdist.all_reduce(flat)
+    total = float(flat[-1])
+    if total > 0:
+        offset = 0
+        for target in (t for bn in bns for t in (bn._mean, bn._variance)):
+            target.set_value((flat[offset:offset + target.size] / total).reshape(target.shape))
+            offset += target.size
     return used
 
 

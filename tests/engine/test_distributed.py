@@ -187,3 +187,23 @@ def test_a_cpu_run_takes_gloo_whatever_paddle_would_choose():
     assert str(err.value) == ("global.device=cpu with PADDLE_DISTRI_BACKEND=nccl: a CPU run's tensors go through gloo "
                               "only; unset PADDLE_DISTRI_BACKEND (or set it to gloo), or train with global.device=gpu")
 
+
+
+def test_precise_bn_gives_every_rank_the_image_weighted_statistics_of_all_ranks(tmp_path):
+    """Ranks whose shards hold different numbers of batches each divided the summed statistics by their
+    own count (rank 0's means were half of rank 1's), and a rank with no batch skipped the reduction the
+    others waited in."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "engine"))
+    from precise_bn_worker import SAMPLES
+    proc = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
+                           str(tmp_path / "log"), os.path.join(ROOT, "tests", "engine", "precise_bn_worker.py"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    logs = "".join(open(tmp_path / "log" / f).read() for f in sorted(os.listdir(tmp_path / "log")))
+    assert proc.returncode == 0, logs[-3000:]
+    r0, r1 = (np.load(tmp_path / f"rank{r}.npz") for r in range(2))
+    assert (int(r0["used"]), int(r1["used"]), int(r0["used_one"]), int(r1["used_one"])) == (2, 1, 1, 0)
+    batches = [SAMPLES[[0, 2]], SAMPLES[[4]], SAMPLES[[1, 3]]]  # rank 0: [0, 2], [4]; rank 1: [1, 3]
+    expected = sum(len(b) * b.mean(axis=(0, 2, 3)) for b in batches) / len(SAMPLES)
+    for rank in (r0, r1):
+        np.testing.assert_allclose(rank["mean"], expected, rtol=1e-5)
+        np.testing.assert_allclose(rank["mean_one"], SAMPLES[0].mean(axis=(1, 2)), rtol=1e-5)
