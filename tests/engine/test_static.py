@@ -4,6 +4,7 @@ The same tiny ResNet, seed, data order (``data.transforms.random=false``, no mix
 losses agree step by step, checkpoints load across modes with the same logits, resume
 crosses modes, legacy IR (subprocess) agrees too.
 """
+import itertools
 import json
 import os
 import subprocess
@@ -215,6 +216,47 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run(tiny_tree, tmp_path):
     trainable = [k for k in before["weights"] if not k.endswith(("_mean", "_variance"))]  # BN stats move in forward
     after = trainer.step.model_state()
     assert max(float(np.abs(before["weights"][k] - after[k]).max()) for k in trainable) == 0.0
+
+
+@pytest.mark.parametrize("graph", ["dynamic", "static"])
+def test_a_nan_micro_batch_skips_its_whole_accumulation_window(tiny_tree, tmp_path, graph):
+    """The static program applied a window whose first micro-batch was NaN when its last was finite."""
+    cfg = load_config(DEMO, overrides(tiny_tree, tmp_path, graph, "data.batch_size=4", "train.accumulate=2",
+                                      "train.mixup_alpha=0.2", "lr.warmup_epochs=0"))
+    trainer = build_training(cfg)
+    step, calls = trainer.step, []
+    trainer.train_loader.set_epoch(0)
+    step.train_mode()
+    first, second = itertools.islice(iter(trainer.train_loader), 2)
+    if graph == "static":  # a NaN mixup weight: NaN targets, so a NaN loss
+        feed = step.feed
+
+        def poisoned(batch, last_of_window):
+            out = feed(batch, last_of_window)
+            calls.append(1)
+            if len(calls) == 1:
+                out["mix_lam"] = out["mix_lam"] * np.float32("nan")
+            return out
+        step.feed = poisoned
+    else:
+        objective = step.objective
+
+        def poisoned(model, batch, epoch, global_step):
+            loss, n = objective(model, batch, epoch, global_step)
+            calls.append(1)
+            return (loss * float("nan") if len(calls) == 1 else loss), n
+        step.objective = poisoned
+    def weights():  # BN statistics move in every forward
+        return {k: np.array(v.numpy() if hasattr(v, "numpy") else v) for k, v in step.model_state().items()
+                if not k.endswith(("_mean", "_variance"))}
+
+    before = weights()
+    assert not np.isfinite(float(step.run(first, False).loss))
+    result = step.run(second, True)
+    assert np.isfinite(float(result.loss)) and not bool(result.finite) and not result.applied
+    assert max(float(np.abs(before[k] - v).max()) for k, v in weights().items()) == 0.0
+    window = step.run(first, False), step.run(second, True)  # the next window is applied again
+    assert window[1].applied and max(float(np.abs(before[k] - v).max()) for k, v in weights().items()) > 0.0
 
 
 def test_unsupported_combinations_are_one_line(tiny_tree, tmp_path):

@@ -7,9 +7,9 @@ builders.
 
 One train program does a whole step: forward, loss, backward, then, inside a
 ``static.nn.cond``, the optimizer update. The condition is "the loss is finite" (and, with
-``accumulate=k``, "this is the k-th micro-batch"), which gives the dynamic step's semantics
-exactly: a non-finite step is skipped (no update, no LR step), gradients of k micro-batches are
-summed in persistable buffers and applied once. With several ranks the gradients are all-reduced
+``accumulate=k``, "this is the k-th micro-batch" and "every micro-batch of the window was
+finite"), which gives the dynamic step's semantics exactly: a non-finite step is skipped (no
+update, no LR step), gradients of k micro-batches are summed in persistable buffers and applied once. With several ranks the gradients are all-reduced
 (mean) inside the program (``fleet.init(is_collective=True)`` initialises the collective context;
 gloo on CPU, NCCL on GPU). Legacy IR: optimizers refuse to run inside ``cond``, so there the update
 is unconditional and accumulation uses ``GradientMergeOptimizer``.
@@ -214,12 +214,17 @@ def _append_update(pr, optimizer, loss, finite, k: int, world: int, ema_update: 
     def apply():
         update([(p, mean_over_ranks(buf) if world > 1 else buf) for p, _, buf in buffers])
 
+    # a window with a non-finite micro-batch is skipped whole, as the dynamic step skips it
+    window_finite = global_var("ppdlx@WINDOW_FINITE", [1], "float32", 1.0)
+    paddle.assign(window_finite * paddle.cast(finite, "float32"), output=window_finite)
+
     def reset():
         for _, _, buf in buffers:
             paddle.assign(paddle.full_like(buf, 0.0), output=buf)
+        paddle.assign(paddle.full_like(window_finite, 1.0), output=window_finite)
 
     paddle.static.nn.cond(local_finite, accumulate, None)
-    paddle.static.nn.cond(both(apply_now, finite), apply, None)
+    paddle.static.nn.cond(both(apply_now, window_finite > 0.5), apply, None)
     paddle.static.nn.cond(apply_now, reset, None)
 
 

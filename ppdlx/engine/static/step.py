@@ -170,7 +170,7 @@ class StaticProgramStep(Step):
         self._window_finite = self._window_finite and finite
         result = StepResult(float(np.asarray(loss).reshape(-1)[0]), None, False, feed_rows(feed["images"]))
         if last_of_window:
-            result.finite, result.applied = self._window_finite, finite or not self.pr.conditional
+            result.finite, result.applied = self._window_finite, self._window_finite or not self.pr.conditional
             self._window_finite = True
         return result
 
