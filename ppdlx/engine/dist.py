@@ -90,11 +90,12 @@ class RanksDivergedError(PpdlxError):
 
 
 @paddle.no_grad()
-def check_parameters_in_sync(layer, when: str) -> None:
-    """Raise if a parameter differs between ranks: one float64 fingerprint per parameter, min and max
-    all-reduced (two small collectives), so a kernel or hook that bypasses DataParallel's gradient
-    all-reduce is named instead of silently training different models on each rank."""
-    named = list(layer.named_parameters())
+def check_parameters_in_sync(named, when: str) -> None:
+    """Raise if a parameter differs between ranks: one float64 fingerprint per ``(name, tensor)`` of
+    ``named`` (a Layer's ``named_parameters()``, or the static scope's), min and max all-reduced (two
+    small collectives), so a kernel or hook that bypasses the gradient all-reduce is named instead of
+    silently training different models on each rank."""
+    named = list(named)
     if not named:
         return
     prints = paddle.stack([paddle.concat([p.astype("float64").sum().reshape([1]),
@@ -107,7 +108,7 @@ def check_parameters_in_sync(layer, when: str) -> None:
         first = int(differ.argmax())
         raise RanksDivergedError(f"data-parallel ranks hold different weights {when} (e.g. parameter "
                                  f"'{named[first][0]}', {int((differ > 0).sum())} of {len(named)} differ): a layer "
-                                 f"or hook bypasses DataParallel's gradient all-reduce")
+                                 f"or hook bypasses the gradient all-reduce")
 
 
 def barrier():

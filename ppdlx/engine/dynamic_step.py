@@ -156,7 +156,7 @@ class DynamicStep(Step):
         return list(statistics.values()) + shadows
 
     def check_in_sync(self, when: str) -> None:
-        dist.check_parameters_in_sync(self.raw_model, when)
+        dist.check_parameters_in_sync(self.raw_model.named_parameters(), when)
 
     def model_state(self) -> dict:
         return float32_state(self.raw_model, self.optimizer)

@@ -48,3 +48,23 @@ def test_two_static_ranks_match_dynamic_data_parallel(odd_tree, tmp_path):
     assert max(float(np.abs(np.asarray(a[k]) - np.asarray(b[k])).max()) for k in a) < 1e-5
     rs, rd = (json.loads((o / "report.json").read_text()) for o in (static_out, dynamic_out))
     assert rs["images"] == rd["images"] == 15 and rs["top1"] == rd["top1"]
+
+
+def test_static_ranks_name_a_parameter_that_differs(odd_tree, tmp_path):
+    """The end-of-epoch agreement check was a no-op for the static step."""
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"),
+         os.path.join(ROOT, "tests", "engine", "static_sync_worker.py"), str(out), DEMO, "-o", f"data.root={odd_tree}",
+         "model.name=resnet18_bottleneck_tiny", "model.num_classes=3", "data.workers=0", "global.device=cpu",
+         "amp.enabled=false", f"global.output_dir={tmp_path / 'run'}", "data.batch_size=4", "train.graph=static",
+         "global.cpu_fast_kernels=false"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    logs = "".join(open(tmp_path / "log" / f).read() for f in os.listdir(tmp_path / "log") if f.startswith("workerlog"))
+    assert proc.returncode == 0, logs[-3000:]
+    said = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    for rank in said:
+        assert rank["start"] == "agree"
+        assert rank["moved"].startswith(f"data-parallel ranks hold different weights after one rank moved (e.g. "
+                                        f"parameter '{rank['parameter']}', 1 of ")

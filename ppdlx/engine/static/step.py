@@ -218,6 +218,11 @@ class StaticProgramStep(Step):
                                                            if n in self.pr.ema_shadow]
         return [scope_tensor(self.scope, name) for name in variables]
 
+    def check_in_sync(self, when: str) -> None:
+        """The program all-reduces gradients inside itself; this names a parameter whose ranks differ."""
+        dist.check_parameters_in_sync([(n, scope_tensor(self.scope, self.var_names[n]))
+                                       for n, _ in self.pr.model.named_parameters() if n in self.var_names], when)
+
     # ------------------------------------------------------------------ checkpoint state
     def model_state(self) -> Dict[str, np.ndarray]:
         return self.state.model_state()
