@@ -181,9 +181,23 @@ def decorate_o2(plan: AmpPlan, model, optimizer):
     :func:`evaluated_in_float32`, so an O2 run saves, evaluates and exports float32 weights."""
     if plan.enabled and plan.level == "O2":
         clip_norms_in_float32()
+        exact = {name: p.detach().clone() for name, p in model.named_parameters() if p.dtype == paddle.float32}
         model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2",
                                                dtype=plan.dtype, master_weight=True)
+        keep_exact_masters(model, optimizer, exact)
     return model, optimizer
+
+
+def keep_exact_masters(model, optimizer, exact: dict) -> None:
+    """Create the O2 masters of ``model``'s low-precision parameters from ``exact`` (structured name ->
+    float32 value before the cast). Paddle creates each master at the first step as a cast of the
+    rounded parameter, so a run started from float32 weights (``model.weights``: a fine-tune, an ASP
+    prune) would lose their bits below float16's precision, which the static path keeps."""
+    with paddle.no_grad():
+        for name, p in model.named_parameters():
+            if _is_low_precision(p) and name in exact:
+                optimizer._create_master_weight(p)
+                optimizer._master_weights[p.name].set_value(exact[name])
 
 
 def _is_low_precision(tensor) -> bool:

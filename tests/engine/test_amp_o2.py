@@ -13,6 +13,7 @@ from paddle.amp.auto_cast import amp_initialize
 
 from ppdlx.config import load_config
 from ppdlx.engine import checkpoint as ckpt
+from ppdlx.engine.amp import keep_exact_masters
 from ppdlx.engine.builders import build_model
 from ppdlx.engine.hooks import Checkpoint, Evaluation
 from ppdlx.engine.run import build_training
@@ -27,14 +28,28 @@ def _cfg(tree, out, *extra):
 
 
 def _to_o2(trainer, exact: dict):
-    """The GPU O2 state: fp16 parameters, fp32 masters holding the exact (pre-cast) values."""
+    """The GPU O2 state: fp16 parameters, fp32 masters holding the exact (pre-cast) values, as
+    ``decorate_o2`` leaves it (``amp_initialize`` is the cast ``paddle.amp.decorate`` makes on a GPU)."""
     step = trainer.step
     amp_initialize(models=[step.raw_model], dtype="float16", excluded_layers=None)
-    names = {p.name: k for k, p in step.raw_model.state_dict().items()}
-    for p in step.raw_model.parameters():
+    keep_exact_masters(step.raw_model, step.optimizer, {k: paddle.to_tensor(v) for k, v in exact.items()})
+
+
+def test_o2_masters_start_from_the_float32_weights_not_their_fp16_rounding(tiny_tree, tmp_path):
+    """Paddle creates a master at the first step as a cast of the fp16 parameter: a fine-tune from
+    float32 weights lost their low bits (up to 2^-12 relative)."""
+    with paddle.utils.unique_name.guard():
+        trainer = build_training(_cfg(tiny_tree, tmp_path / "run"))
+    exact = _perturbed_fp32(trainer)
+    _to_o2(trainer, exact)
+    step, checked, rounded = trainer.step, 0, 0
+    for name, p in step.raw_model.named_parameters():
         if p.dtype == paddle.float16:
-            step.optimizer._create_master_weight(p)
-            step.optimizer._master_weights[p.name].set_value(paddle.to_tensor(exact[names[p.name]]))
+            master = step.optimizer._master_weights[p.name].numpy()
+            assert master.dtype == np.float32 and np.array_equal(master, exact[name]), name
+            rounded += not np.array_equal(p.astype("float32").numpy(), exact[name])
+            checked += 1
+    assert checked > 10 and rounded > 10
 
 
 def _perturbed_fp32(trainer) -> dict:
