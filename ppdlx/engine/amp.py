@@ -149,6 +149,18 @@ def build_scaler(plan: AmpPlan, amp_cfg):
                                  use_dynamic_loss_scaling=amp_cfg.use_dynamic_loss_scaling)
 
 
+# What a resume takes from a checkpoint's loss scaler: its progress. The ratios, intervals and the
+# dynamic switch stay the config's, in both graph modes (the static program holds them as op
+# attributes), so a resumed run follows a changed amp.* setting.
+SCALER_PROGRESS = ("scale", "incr_count", "decr_count")
+
+
+def resumed_scaler_state(config_state: dict, saved: dict) -> dict:
+    """``GradScaler.load_state_dict``'s argument: ``config_state`` (the new scaler's ``state_dict()``)
+    with the checkpoint's progress; Paddle's own load takes every setting from the checkpoint."""
+    return {**config_state, **{key: saved[key] for key in SCALER_PROGRESS if key in saved}}
+
+
 def clip_norms_in_float32() -> None:
     """O2 gradients are fp16, and Paddle's GPU squared_l2_norm returns its input's dtype, so the
     global-norm clip's sum of squares overflows to inf above a norm of 256 and the clip zeroes the

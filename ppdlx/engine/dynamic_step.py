@@ -14,7 +14,8 @@ import numpy as np
 import paddle
 
 from ppdlx.engine import dist
-from ppdlx.engine.amp import AmpPlan, autocast, evaluated_in_float32, float32_state, set_state_cast
+from ppdlx.engine.amp import (AmpPlan, autocast, evaluated_in_float32, float32_state, resumed_scaler_state,
+                              set_state_cast)
 from ppdlx.engine.step import Step, StepResult, WeightAccess
 from ppdlx.errors import UnsupportedError
 
@@ -174,7 +175,7 @@ class DynamicStep(Step):
         if optimizer_state is not None:
             self.optimizer.set_state_dict(optimizer_state)
         if self.scaler is not None and "scaler" in states:
-            self.scaler.load_state_dict(states["scaler"])
+            self.scaler.load_state_dict(resumed_scaler_state(self.scaler.state_dict(), states["scaler"]))
 
     def weights(self) -> LayerWeights:
         return LayerWeights(self.raw_model, self.optimizer, self.ema)

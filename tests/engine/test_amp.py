@@ -1,9 +1,11 @@
 """ppdlx.engine.amp.check_image_dtype: float16 training batches (``data.dali.output_dtype``) are
-accepted only where a float16 AMP forward takes them; everywhere else one line says what to set."""
+accepted only where a float16 AMP forward takes them; everywhere else one line says what to set.
+A resume's loss scaler: the checkpoint's progress, the config's settings."""
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from ppdlx.config import load_config
@@ -130,3 +132,17 @@ def test_float16_autocast_runs_every_convolution_of_efficientdet_in_float16():
         with autocast(AmpPlan(True, "float16", level, True)):  # the tracer's lists are set on CPU too
             white, _ = paddle.base.framework._dygraph_tracer()._get_amp_op_list()
         assert set(traced) <= set(white), (level, sorted(set(traced) - set(white)))
+
+
+def test_a_resume_takes_the_loss_scalers_progress_and_keeps_the_configs_settings():
+    """Paddle's GradScaler.load_state_dict takes every setting from the checkpoint, so a resumed dynamic
+    run ignored a changed amp.incr_every_n_steps (the static program keeps the config's)."""
+    from ppdlx.engine.amp import resumed_scaler_state
+    config = {"scale": np.array([65536.0]), "incr_ratio": 2.0, "decr_ratio": 0.5, "incr_every_n_steps": 1000,
+              "decr_every_n_nan_or_inf": 2, "incr_count": 0, "decr_count": 0, "use_dynamic_loss_scaling": True}
+    saved = {"scale": np.array([512.0]), "incr_ratio": 2.0, "decr_ratio": 0.5, "incr_every_n_steps": 2000,
+             "decr_every_n_nan_or_inf": 1, "incr_count": 17, "decr_count": 1, "use_dynamic_loss_scaling": False}
+    state = resumed_scaler_state(config, saved)
+    assert float(state["scale"][0]) == 512.0 and (state["incr_count"], state["decr_count"]) == (17, 1)
+    assert (state["incr_every_n_steps"], state["decr_every_n_nan_or_inf"], state["use_dynamic_loss_scaling"]) == \
+        (1000, 2, True)
