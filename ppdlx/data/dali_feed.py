@@ -58,13 +58,15 @@ STORED_ORIENTATION = {"adjust_orientation": False}
 
 def decoder_options(gpu: bool, training_random: bool) -> dict:
     """Decoder arguments. On GPU (``mixed``), training reserves nvJPEG buffers up front, as NVIDIA's
-    ResNet50 pipelines do, so no reallocation stalls a step; these are per decoder thread and
-    stay allocated for the run, so evaluation keeps DALI's small defaults. Evaluation upsamples
+    ResNet50 pipelines do, so no reallocation stalls a step (the A100's hardware decoder too, sized
+    for the largest ImageNet training photo); these are per decoder thread and stay allocated for
+    the run, so evaluation keeps DALI's small defaults. Evaluation upsamples
     chroma like libjpeg (the CPU decoder, PIL, deploy's pre-processing), so a model scores the
     same whichever decoder fed it."""
     options = dict(STORED_ORIENTATION)
     if gpu and training_random:
-        options.update(device_memory_padding=211025920, host_memory_padding=140544512)
+        options.update(device_memory_padding=211025920, host_memory_padding=140544512,
+                       preallocate_width_hint=5980, preallocate_height_hint=6430)
     elif gpu:
         options.update(jpeg_fancy_upsampling=True)
     return options

@@ -40,4 +40,5 @@ def test_gpu_decoders_evaluate_like_libjpeg_and_only_training_reserves_buffers(g
     assert b"decoders__Image" in evaluation and b"mixed" in evaluation
     assert b"jpeg_fancy_upsampling" in evaluation and b"device_memory_padding" not in evaluation
     assert b"device_memory_padding" in training and b"host_memory_padding" in training
+    assert b"preallocate_width_hint" in training and b"preallocate_width_hint" not in evaluation
     assert b"jpeg_fancy_upsampling" not in training
