@@ -129,12 +129,11 @@ class EMA(Hook):
     """Updates the step's EMA after each applied step; its state is ``.pdstates["ema"]``."""
 
     name, state_key = "ema", "ema"
+    restored = False  # set_state_dict ran: the checkpoint held an EMA
 
     def after_step(self):
         if self.trainer.result.applied:
             self.trainer.step.update_ema()
-
-    restored = False
 
     def state_dict(self):
         return self.trainer.step.ema.state_dict()

@@ -310,7 +310,8 @@ def test_efficientdet_export_with_postprocess_in_graph(tmp_path):
     feeds = D.Preprocessor(meta).feeds([Image.new("RGB", (256, 128), (120, 90, 60))])
     assert feeds["image_scale"].tolist() == [2.0]
     outputs = pred.run(feeds)
-    reference = run_dynamic(DetectorForExport(model, EfficientDetPostProcess.from_model(model)), meta["inputs"], feeds)
+    post = EfficientDetPostProcess.from_model(model, pre_nms_top_k=meta["postprocess"]["pre_nms_top_k"])
+    reference = run_dynamic(DetectorForExport(model, post), meta["inputs"], feeds)
     for got, ref in zip(outputs, reference):
         assert got.shape == ref.shape and float(np.abs(got.astype("float64") - ref).max()) <= TOL
     boxes, scores, classes, count = outputs

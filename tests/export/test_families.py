@@ -73,11 +73,11 @@ def test_detector_exports_from_a_plain_spec(tmp_path):
                                   "pad_value": 0.0, "color": "RGB"}
     assert meta["postprocess"] == {"type": "detections", "box_format": "xyxy", "coords": "original",
                                    "score_threshold": 0.4, "max_detections": 20, "nms_iou_threshold": 0.5,
-                                   "pre_nms_top_k": 5000, "nms_score_threshold": 0.001}
+                                   "pre_nms_top_k": 3840, "nms_score_threshold": 0.001}  # TensorRT's TopK limit
     assert meta["tensorrt"]["shape_range"]["image"]["opt"] == [8, 3, 128, 128]
     # the program is the model followed by post-processing built from the spec's anchors and NMS settings
     from ppdlx.models.detection.det_postprocess import EfficientDetPostProcess
-    reference_post = EfficientDetPostProcess.from_model(inner, max_detections=20)
+    reference_post = EfficientDetPostProcess.from_model(inner, max_detections=20, pre_nms_top_k=3840)
     feeds = random_feeds(meta["inputs"], 1, seed=5)
     expected = run_dynamic(DetectorForExport(inner, reference_post), meta["inputs"], feeds)
     got = PaddleInferenceRunner(find_model_files(str(tmp_path))).run(feeds)

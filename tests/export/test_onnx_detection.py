@@ -198,19 +198,21 @@ def test_fruit_detector_passes_verify_on_paddle_and_onnxruntime(fruit_run, tmp_p
         assert record["warnings"] == []
 
 
-def test_export_carries_the_batchnorm_statistics_the_evaluator_uses(verified, trained, tmp_path):
+def test_export_carries_the_batchnorm_statistics_the_evaluator_uses(trained, tmp_path):
     """The demo recipe re-estimates BatchNorm statistics before evaluating (detection.precise_bn_batches=8),
-    and the --verify export above holds them (it passed against the evaluator): every weight is the
-    checkpoint's, and of its statistics only those of the layers that keep fixed statistics
-    (detection.freeze_bn_max_pixels) are; an export with precise_bn_batches=0 holds the checkpoint's
-    running statistics, all of them. (An earlier version asked that stale export to fail --verify, which
-    depends on how far training moved the statistics: true for one trained model, not for another.)"""
+    and so does the export: from the raw weights (model.weights_copy=raw; the default copy, the EMA, keeps
+    the statistics its last evaluation re-estimated), every weight is the checkpoint's, and of its
+    statistics only those of the layers that keep fixed statistics (detection.freeze_bn_max_pixels) are;
+    an export with precise_bn_batches=0 holds the checkpoint's running statistics, all of them. (An
+    earlier version asked that stale export to fail --verify, which depends on how far training moved
+    the statistics: true for one trained model, not for another.)"""
     import hashlib
-    stale = tmp_path / "stale"
     weights = trained["overrides"][-1]
-    proc = _tool(os.path.join("tools", "export_model.py"), "-c", CONFIG, "-o", *trained["overrides"],
-                 "detection.precise_bn_batches=0", "--output-dir", str(stale))
-    assert proc.returncode == 0 and weights.startswith("model.weights="), proc.stderr[-2000:]
+    runs = {}
+    for name, extra in (("fresh", []), ("stale", ["detection.precise_bn_batches=0"])):
+        runs[name] = _tool(os.path.join("tools", "export_model.py"), "-c", CONFIG, "-o", *trained["overrides"],
+                           "model.weights_copy=raw", *extra, "--output-dir", str(tmp_path / name))
+        assert runs[name].returncode == 0 and weights.startswith("model.weights="), runs[name].stderr[-2000:]
 
     def digest(tensor):
         return hashlib.sha1(np.ascontiguousarray(tensor.numpy()).tobytes()).hexdigest()
@@ -222,8 +224,8 @@ def test_export_carries_the_batchnorm_statistics_the_evaluator_uses(verified, tr
     statistics = [digest(v) for k, v in checkpoint.items() if k.endswith(("._mean", "._variance"))]
     others = [digest(v) for k, v in checkpoint.items() if not k.endswith(("._mean", "._variance"))]
     frozen = int(re.search(r"detection.freeze_bn_max_pixels=\d+: (\d+) BatchNorm layers",
-                           verified[0].stdout + verified[0].stderr).group(1))
-    good, old = exported(verified[1]), exported(stale)
+                           runs["fresh"].stdout + runs["fresh"].stderr).group(1))
+    good, old = exported(tmp_path / "fresh"), exported(tmp_path / "stale")
     assert len(statistics) == 216 and 0 < frozen < 108
     assert all(d in good and d in old for d in others)
     assert all(d in old for d in statistics)
