@@ -9,9 +9,9 @@ One train program does a whole step: forward, loss, backward, then, inside a
 ``static.nn.cond``, the optimizer update. The condition is "the loss is finite" (and, with
 ``accumulate=k``, "this is the k-th micro-batch" and "every micro-batch of the window was
 finite"), which gives the dynamic step's semantics exactly: a non-finite step is skipped (no
-update, no LR step), gradients of k micro-batches are summed in persistable buffers and applied once. With several ranks the gradients are all-reduced
-(mean) inside the program (``fleet.init(is_collective=True)`` initialises the collective context;
-gloo on CPU, NCCL on GPU). Legacy IR: optimizers refuse to run inside ``cond``, so there the update
+update, no LR step), gradients of k micro-batches are summed in persistable buffers and applied
+once. With several ranks the gradients are all-reduced (mean) inside the program
+(``fleet.init(is_collective=True)`` initialises the collective context; gloo on CPU, NCCL on GPU). Legacy IR: optimizers refuse to run inside ``cond``, so there the update
 is unconditional and accumulation uses ``GradientMergeOptimizer``.
 
 The eval program is traced from a second instance of the same Layer class built under the
