@@ -245,7 +245,8 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
         outputs = _program_outputs(runner, inputs, graph.output_roles)
         opt_batch = trt_opt_batch or spec["trt_batches"]["opt_batch"]
         max_batch = max(trt_max_batch or spec["trt_batches"]["max_batch"], opt_batch)
-        tensorrt = M.trt_suggestion(inputs, 1, opt_batch, max_batch)
+        tensorrt = M.trt_suggestion(inputs, 1, opt_batch, max_batch,
+                                    min_subgraph_size=spec.get("trt_min_subgraph_size", M.TRT_MIN_SUBGRAPH_SIZE))
 
         report = {"model_dir": os.path.abspath(output_dir), "family": spec["family"], "name": cfg.model.name,
                   "format": files.format, "model_file": files.model_file, "params_file": files.params_file,

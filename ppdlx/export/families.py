@@ -8,6 +8,7 @@ An export spec is a dict a task supplies (``export_model(..., export_spec=...)``
 * ``preprocess``, ``postprocess``: the ``inference.yml`` sections of those names (the predictor's
   side; see :mod:`ppdlx.export.meta`);
 * ``trt_batches``: ``{"opt_batch", "max_batch"}``, the default TensorRT shape range;
+  ``trt_min_subgraph_size`` (optional): the smallest group of ops Paddle-TRT turns into an engine;
 * classification: ``output`` (``logits`` or ``probabilities``);
 * detection: ``num_classes``, ``anchors`` (``min_level``, ``max_level``, ``num_scales``,
   ``aspect_ratios``, ``anchor_scale``) and ``nms`` (keyword overrides of
@@ -45,6 +46,12 @@ log = logging.getLogger("ppdlx")
 # lower-ranked candidate can neither suppress nor outrank a higher one, so the kept detections only
 # change when fewer than max_detections of the top 3840 survive.
 TENSORRT_TOPK_MAX = 3840
+# Paddle-TRT leaves multiclass_nms3 outside TensorRT (its marker takes it only with nms_eta > 1 and
+# nms_top_k >= 0), so the few ops that pad and sort its variable-length output would become an engine
+# of their own whose input profile is one warm-up's detection count: a batch keeping more or fewer
+# detections (or none) would stop the predictor. Groups up to this size run as Paddle GPU ops; the
+# detector before NMS is one group of several hundred ops.
+DETECTION_TRT_MIN_SUBGRAPH_SIZE = 200
 
 
 def classification_export_spec(transforms, output: str, num_classes: int) -> dict:
@@ -65,7 +72,8 @@ def detection_export_spec(transforms, image_size: int, num_classes: int, anchors
             "anchors": dict(anchors), "nms": dict(nms or {}), "preprocess": detection_preprocess(transforms, size),
             "postprocess": {"type": "detections", "box_format": "xyxy", "coords": "original",
                             "score_threshold": float(score_threshold)},
-            "trt_batches": {"opt_batch": 8, "max_batch": 32}}
+            "trt_batches": {"opt_batch": 8, "max_batch": 32},
+            "trt_min_subgraph_size": DETECTION_TRT_MIN_SUBGRAPH_SIZE}
 
 
 @dataclass

@@ -84,6 +84,22 @@ def test_detector_exports_from_a_plain_spec(tmp_path):
     assert got[0].shape == (1, 20, 4)
     for g, e in zip(got, expected):
         assert float(np.abs(g.astype("float64") - e).max()) <= TOL
+    # Paddle-TRT keeps NMS out of TensorRT; the ops after it must not form an engine of their own (its
+    # input is NMS's variable-length output), the detector before it must
+    ops = _program_ops(str(tmp_path / "inference"))
+    nms = ops.index("pd_op.multiclass_nms3")
+    after = [op for op in ops[nms + 1:] if op not in ("pd_op.fetch", "pd_op.data")]
+    assert len(after) <= meta["tensorrt"]["min_subgraph_size"] == 200 < nms
+
+
+def _program_ops(prefix: str) -> list:
+    paddle.enable_static()
+    try:
+        with paddle.pir_utils.IrGuard():
+            program, _, _ = paddle.static.load_inference_model(prefix, paddle.static.Executor(paddle.CPUPlace()))
+        return [op.name() for op in program.global_block().ops]
+    finally:
+        paddle.disable_static()
 
 
 def test_unknown_family_is_one_line(tmp_path):

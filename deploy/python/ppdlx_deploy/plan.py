@@ -193,6 +193,11 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
         gpu_precision = "Half" if (backend == "paddle-gpu" and precision == "fp16") else "Float32"
         calls += [plan_call("enable_use_gpu", int(gpu_mem_mb), int(gpu_id), precision_mode=gpu_precision),
                   plan_call("switch_ir_optim", True)]
+        if precision == "fp16" and meta.get("model", {}).get("family") == "detection":
+            # Paddle's auto_mixed_precision_pass (and a TensorRT fp16 engine) runs the anchors' gather and the
+            # box decoding in fp16 too: coordinates to the input size round to 0.25-0.5 px
+            notes.append("fp16 decodes the boxes in fp16 too (anchor coordinates round to up to 0.5 px at the "
+                         "input size): check the AP with tools/export_model.py --verify, or serve fp32")
         if backend == "trt":
             plan.update(trt_plan(meta, files, precision, calls, batch_size=batch_size, gpu_id=gpu_id,
                                  cache_dir=cache_dir, shape_source=shape_source, shape_file=shape_file,
@@ -202,11 +207,6 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
             return plan
         plan["engine"] = "cuda"
         notes.append(f"engine cuda: Paddle GPU kernels, {'fp16 mixed precision' if precision == 'fp16' else 'fp32'}")
-        if precision == "fp16" and meta.get("model", {}).get("family") == "detection":
-            # Paddle's auto_mixed_precision_pass runs every op with a GPU fp16 kernel in fp16, the anchors'
-            # gather and the box decoding included: coordinates to the input size round to 0.25-0.5 px
-            notes.append("fp16 decodes the boxes in fp16 too (anchor coordinates round to up to 0.5 px at the "
-                         "input size): check the AP with tools/export_model.py --verify, or serve fp32")
     elif backend == "onnxruntime":
         if precision != "fp32":
             raise UnsupportedError(f"--backend onnxruntime --precision {precision}: only fp32 is offered here")
