@@ -11,8 +11,9 @@ One train program does a whole step: forward, loss, backward, then, inside a
 finite"), which gives the dynamic step's semantics exactly: a non-finite step is skipped (no
 update, no LR step), gradients of k micro-batches are summed in persistable buffers and applied
 once. With several ranks the gradients are all-reduced (mean) inside the program
-(``fleet.init(is_collective=True)`` initialises the collective context; gloo on CPU, NCCL on GPU). Legacy IR: optimizers refuse to run inside ``cond``, so there the update
-is unconditional and accumulation uses ``GradientMergeOptimizer``.
+(``fleet.init(is_collective=True)`` initialises the collective context; gloo on CPU, NCCL on GPU).
+Legacy IR: optimizers refuse to run inside ``cond``, so there the update is unconditional and
+accumulation uses ``GradientMergeOptimizer``.
 
 The eval program is traced from a second instance of the same Layer class built under the
 same fresh unique-name scope, in ``eval()`` mode, so its variables have the train program's
