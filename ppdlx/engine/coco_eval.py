@@ -129,8 +129,11 @@ def recompute_bn_stats(model, loader, num_batches: int) -> int:
            if isinstance(layer, _BatchNormBase) and not getattr(layer, "_use_global_stats", False)]
     if not bns or num_batches <= 0:
         return 0
+    def statistics():  # read afresh: the layers' buffers, as their forward left them
+        return [t for bn in bns for t in (bn._mean, bn._variance)]
+
     momenta = [bn._momentum for bn in bns]
-    sums = [paddle.zeros_like(t) for bn in bns for t in (bn._mean, bn._variance)]
+    sums = [paddle.zeros_like(t) for t in statistics()]
     was_training = model.training
     model.train()
     used = images = 0
@@ -140,7 +143,7 @@ def recompute_bn_stats(model, loader, num_batches: int) -> int:
         for batch in loader:
             size = int(batch[0].shape[0])
             model(batch[0])
-            for acc, value in zip(sums, (t for bn in bns for t in (bn._mean, bn._variance))):
+            for acc, value in zip(sums, statistics()):
                 acc.add_(value * size)
             used, images = used + 1, images + size
             if used >= num_batches:
@@ -157,7 +160,7 @@ def recompute_bn_stats(model, loader, num_batches: int) -> int:
     total = float(flat[-1])
     if total > 0:
         offset = 0
-        for target in (t for bn in bns for t in (bn._mean, bn._variance)):
+        for target in statistics():
             target.set_value((flat[offset:offset + target.size] / total).reshape(target.shape))
             offset += target.size
     return used
