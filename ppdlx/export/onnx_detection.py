@@ -110,15 +110,12 @@ def integer_topk_index_division(onnx_file: str) -> int:
             graph.initializer.append(numpy_helper.from_array(divisor.reshape(-1)[:1].astype(np.int64), name))
             division = helper.make_node("Div", [to_float.input[0], name], [f"{div.output[0]}_integer"],
                                         name=f"{div.name}_integer")
-            cast = helper.make_node("Cast", division.output, back.output, name=back.name,
-                                    to=helper.get_attribute_value(back.attribute[0]))
-            rewritten.append((div, floor, back, [division, cast]))
-    for div, floor, back, replacement in rewritten:
-        at = list(graph.node).index(div)
-        for node in (div, floor, back):
-            graph.node.remove(node)
-        for offset, node in enumerate(replacement):
-            graph.node.insert(at + offset, node)
+            back.input[0] = division.output[0]  # the cast back to an integer now reads the integer quotient
+            rewritten.append((div, floor, division))
+    for div, floor, division in rewritten:
+        graph.node.insert(list(graph.node).index(div), division)
+        graph.node.remove(div)
+        graph.node.remove(floor)
     if rewritten:
         used = {name for node in graph.node for name in node.input} | {out.name for out in graph.output}
         for node in [n for n in graph.node if n.op_type == "Cast" and not set(n.output) & used]:
