@@ -140,7 +140,8 @@ class DistillationObjective:
     @paddle.no_grad()
     def teacher_logits(self, images):
         self.teacher.eval()
-        images = images.astype("float32")  # DALI's float16 batches (data.dali.output_dtype) included
+        if images.dtype != paddle.float32:  # DALI's float16 batches (data.dali.output_dtype)
+            images = images.astype("float32")
         if self.renormalize is not None:
             images = images * self.renormalize[0] + self.renormalize[1]
         # in float32 outside the student's autocast, as the reference's train_one_epoch calls its teacher
