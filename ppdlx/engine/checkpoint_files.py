@@ -181,10 +181,11 @@ def read_pdparams(path: str, copy: str = "auto") -> dict:
     if copy not in WEIGHTS_COPIES:
         raise ConfigError(f"model.weights_copy={copy!r}: use {', '.join(WEIGHTS_COPIES)}")
     try:
-        loaded = read_checkpoint(path, ("model", "states"), require=("model",))
+        # the .pdstates (with the EMA) only when the copy may come from it
+        loaded = read_checkpoint(path, ("model",) if copy == "raw" else ("model", "states"), require=("model",))
     except CheckpointError as err:
         raise CheckpointError(f"model.weights={path}: {err}") from None
-    state, states = loaded["model"], loaded["states"] or {}
+    state, states = loaded["model"], loaded.get("states") or {}
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
         state = state["model"]
     shadow = (states.get("ema") or {}).get("shadow")
