@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from PIL import Image
+
 from ppdlx.data.image_folder import ImageFolder, scan_image_folder
 from ppdlx.data.loader_common import dali_required
 from ppdlx.errors import DataError
@@ -76,7 +78,6 @@ def file_digests(paths) -> dict:
 
 def header_sizes(paths) -> dict:
     """(width, height) from each image's header (no full decode)."""
-    from PIL import Image
     out = {}
     for path in paths:
         try:
@@ -94,7 +95,7 @@ def _decoded_size(img, rng):
 def decode_with_dali(paths):
     """(unreadable [(path, reason)], sizes) the way the DALI loaders see the files."""
     with dali_required():
-        from ppdlx.data.dali_fed_loader import find_undecodable
+        from ppdlx.data.dali_fed_loader import find_undecodable  # the DALI backend: optional (nvidia-dali)
     bad = find_undecodable(list(paths))
     failed = {p for p, _ in bad}
     return bad, {p: s for p, s in header_sizes(paths).items() if p not in failed}

@@ -11,6 +11,7 @@ import math
 import os
 
 import numpy as np
+from PIL import Image
 
 from ppdlx.errors import UnsupportedError
 
@@ -23,7 +24,7 @@ PLOT_EXTRA = "pip install 'ppdlx[plot]'"
 def plotting_available() -> bool:
     """Whether matplotlib imports (the package only: pyplot and its backends are never loaded)."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401  (optional, ppdlx[plot]: figures only)
     except ImportError:
         return False
     return True
@@ -32,8 +33,9 @@ def plotting_available() -> bool:
 def new_figure(width_px: int, height_px: int):
     """An empty ``Figure`` of ``width_px x height_px`` on its own Agg canvas."""
     try:
+        # optional (ppdlx[plot]): figures only, training and every report work without it
         from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        from matplotlib.figure import Figure  # optional, as above
     except ImportError:
         raise UnsupportedError(f"figures need matplotlib, which is not installed: {PLOT_EXTRA}") from None
     fig = Figure(figsize=(width_px / DPI, height_px / DPI), dpi=DPI)
@@ -96,7 +98,7 @@ def save_png(fig, path: str) -> str:
 
 def class_colour(index: int):
     """A distinct RGB colour per class index (matplotlib's qualitative tab20 map)."""
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # optional (ppdlx[plot]): figures only
     index = int(index)
     # tab20 pairs a dark and a light shade of each hue: the ten dark ones first, then the light ones
     return colormaps["tab20"]((2 * index + (index // 10) % 2) % 20)[:3]
@@ -104,7 +106,6 @@ def class_colour(index: int):
 
 def load_rgb(path: str):
     """The image as an RGB array, or None when it cannot be opened (drawn as an 'unreadable' cell)."""
-    from PIL import Image
     try:
         with Image.open(path) as img:
             return np.asarray(img.convert("RGB"))
@@ -144,7 +145,7 @@ def draw_boxes(ax, boxes_xywh, names, colours, scores=None, fontsize: float = 7)
     """COCO ``[x, y, w, h]`` boxes as outlines cut to the image ``ax`` shows, each labelled with its name
     (and score) inside the axes: an under-trained detector predicts boxes far outside the image, and text
     placed there overflows the font rasteriser."""
-    from matplotlib.patches import Rectangle
+    from matplotlib.patches import Rectangle  # optional (ppdlx[plot]): figures only
     top = min(ax.get_ylim())
     for i, x1, y1, x2, y2 in clip_to_view(ax, boxes_xywh):
         colour = colours[i]

@@ -85,7 +85,7 @@ class GlobalConfig(Section):
     # else unset; a number = that value on every CPU; null = leave the environment alone.
     mkl_debug_cpu_type: Union[int, Literal["auto"], None] = "auto"
     # CPU dynamic-graph training (classification, detection) in NHWC with ppdlx's oneDNN ops and
-    # stride-1 1x1 convs as matmuls (ppdlx/engine/cpu_kernels.py; sets model.data_format=NHWC). auto = on
+    # stride-1 1x1 convs as matmuls (ppdlx/layers/cpu_kernels.py; sets model.data_format=NHWC). auto = on
     # where it applies and the oneDNN op builds (needs onednn-devel's headers), else one log line;
     # true = on or an error; false = Paddle's kernels. The decision is saved as true/false.
     cpu_fast_kernels: Union[bool, Literal["auto"]] = "auto"
@@ -117,7 +117,7 @@ _IMAGENET_NORMALISATION = {"mean": "[123.675, 116.28, 103.53]", "std": "[58.395,
 
 class TransformsConfig(Section):
     # null = the model's default_cfg (input size, crop_pct, mean/std in 0..255, interpolation), filled in by
-    # ppdlx.engine.preprocess_cfg before data or export reads them; a value given here wins.
+    # ppdlx.tasks.preprocess before data or export reads them; a value given here wins.
     crop_size: Optional[int] = Field(None, ge=8)
     # null = floor(crop_size / crop_pct), crop_pct from this section or else from the model's default_cfg
     resize_short: Optional[int] = Field(None, ge=8)
@@ -269,7 +269,7 @@ class AmpConfig(Section):
     enabled: bool = False
     dtype: Literal["float16", "bfloat16"] = "float16"
     level: Literal["O1", "O2"] = "O1"
-    # bfloat16 on CPU (ppdlx/engine/cpu_bf16.py): auto = the oneDNN convolutions train in bf16 where
+    # bfloat16 on CPU (ppdlx/models/cpu_bf16.py): auto = the oneDNN convolutions train in bf16 where
     # the CPU has bf16 hardware and they measured faster than float32 there; true = wherever the
     # CPU has bf16 hardware (else an error); false = float32
     cpu_bf16: Union[bool, Literal["auto"]] = "auto"

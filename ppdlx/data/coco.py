@@ -10,15 +10,15 @@ and ``image_size``.
 """
 from __future__ import annotations
 
-from ppdlx.data.coco_dataset import CocoDetection, CocoLoader, build_coco_dataset
+from ppdlx.data.coco_dataset import CocoDetection, CocoLoader, build_coco_dataset, eval_image
 from ppdlx.data.coco_geometry import eval_size, pad_targets, train_window, transform_boxes
 from ppdlx.data.coco_index import CocoIndex, coco_from_dict, coco_paths, load_coco_api, shared_index, sharing_indexes
 from ppdlx.data.loader_common import dali_required, split_batch_sampler
 from ppdlx.errors import ConfigError
 
 __all__ = ["CocoDetection", "CocoIndex", "CocoLoader", "build_coco_dataset", "build_coco_loader", "coco_from_dict",
-           "coco_paths", "eval_size", "load_coco_api", "pad_targets", "shared_index", "sharing_indexes", "train_window",
-           "transform_boxes"]
+           "coco_paths", "eval_image", "eval_size", "load_coco_api", "pad_targets", "shared_index", "sharing_indexes",
+           "train_window", "transform_boxes"]
 
 
 def build_coco_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None):
@@ -28,8 +28,8 @@ def build_coco_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch
     batch_size = batch_size or data.batch_size
     if data.backend == "dali":
         with dali_required():
-            from ppdlx.data import dali_coco
-        return dali_coco.build_dali_coco_loader(cfg, split, rank, world_size, batch_size=batch_size,
+            from ppdlx.data.dali_coco import build_dali_coco_loader  # the DALI backend: optional (nvidia-dali)
+        return build_dali_coco_loader(cfg, split, rank, world_size, batch_size=batch_size,
                                                 cat_ids=cat_ids)
     if data.backend != "paddle":
         raise ConfigError(f"data.backend={data.backend}: detection (data.dataset=coco) supports paddle or dali; "

@@ -91,6 +91,21 @@ class CocoDetection(IndexedByCoco):
         return np.ascontiguousarray(out), boxes[keep], labels[keep], image_scale
 
 
+def eval_image(cfg, image):
+    """``(normalised padded image, image_scale)``: one PIL image without annotations through the COCO eval
+    transform of the resolved ``cfg``, exactly as the evaluator's loader transforms it (``tools/infer.py``)."""
+    require_detection_resolved(cfg)
+    t = cfg.data.transforms
+    dataset = CocoDetection.__new__(CocoDetection)  # the transform's settings only: there is no json to index
+    dataset.size, dataset.training, dataset.random = int(cfg.data.coco.image_size), False, False
+    dataset.mean, dataset.std = np.asarray(t.mean, np.float32), np.asarray(t.std, np.float32)
+    dataset.interp, dataset.data_format, dataset.skip_crowd = PIL_INTERPOLATION[t.interpolation], \
+        cfg.model.data_format, False
+    no_boxes = {"boxes": np.zeros((0, 4), np.float32), "labels": np.zeros((0,), np.int64),
+                "crowd": np.zeros((0,), bool)}
+    array, _, _, image_scale = dataset.transform(image, no_boxes, None)
+    return array, image_scale
+
 
 def _collate(batch):
     good = [s for s in batch if s[0] is not None]

@@ -9,12 +9,17 @@ from ppdlx.optim.optimizers import flat_optimizer, grad_clip, is_no_decay, param
 from ppdlx.optim.schedules import build_lr_schedule, scaled_lr
 from ppdlx.registry import OPTIMIZERS
 
-__all__ = ["build_lr_schedule", "build_optimizer", "flat_optimizer", "grad_clip", "is_no_decay", "param_groups",
-           "scaled_lr"]
+__all__ = ["build_lr_schedule", "build_optimizer", "flat_optimizer", "grad_clip", "is_no_decay", "optimizer_groups",
+           "param_groups", "scaled_lr"]
+
+
+def optimizer_groups(cfg, model) -> list:
+    """:func:`param_groups` of ``model`` as ``cfg.optimizer`` asks (which parameters decay)."""
+    o = cfg.optimizer
+    return param_groups(model, o.weight_decay, o.decay_bn_and_bias, o.decay_params)
 
 
 def build_optimizer(cfg, model, lr_schedule, multi_precision=False):
-    groups = param_groups(model, cfg.optimizer.weight_decay, cfg.optimizer.decay_bn_and_bias,
-                          cfg.optimizer.decay_params)
+    groups = optimizer_groups(cfg, model)
     return flat_optimizer(lambda params: OPTIMIZERS.build(cfg.optimizer.name, lr=lr_schedule, groups=params, cfg=cfg,
                                                           multi_precision=multi_precision), groups)

@@ -8,29 +8,29 @@ from __future__ import annotations
 import os
 from typing import Callable, Optional, Sequence
 
+from ppdlx_deploy import default_threads, run_rounds, summarize_rounds
+
+import ppdlx
+from ppdlx.cpu_features import cpu_features, has_vnni
+from ppdlx.errors import ConfigError
+from ppdlx.export.meta import read_meta
+
 FP32, INT8, ORT = "paddle-cpu fp32", "paddle-cpu int8", "onnxruntime fp32"
 
 
 def compare_latency(fp32_dir: str, int8_dir: str, batch_sizes: Sequence[int] = (1, 8), rounds: int = 5,
                     steps: int = 20, warmup: int = 5, threads: Optional[int] = None, onnx: Optional[bool] = None,
-                    deploy_dir: Optional[str] = None, progress: Optional[Callable[[str], None]] = None) -> dict:
+                    progress: Optional[Callable[[str], None]] = None) -> dict:
     """Latency rows per runtime and batch size, and per-round ratios int8/fp32, int8/onnxruntime
     and fp32/onnxruntime (median, quartiles, range). ``onnx``: include onnxruntime (default: when
     the fp32 export has an ONNX file)."""
-    import ppdlx
-    from ppdlx.benchmarks.infer import load_deploy_module
-    from ppdlx.cpu_features import cpu_features, has_vnni
-    from ppdlx.errors import ConfigError
-    from ppdlx.export import read_meta
-
     if rounds < 1 or steps < 1 or warmup < 0:
         raise ConfigError(f"benchmark: rounds {rounds}, steps {steps}, warmup {warmup}: need >= 1, >= 1, >= 0")
-    D = load_deploy_module(deploy_dir)
     has_onnx = bool(read_meta(fp32_dir)["model"].get("onnx_file"))
     onnx = has_onnx if onnx is None else onnx
     if onnx and not has_onnx:
         raise ConfigError(f"{fp32_dir}: no ONNX file in the fp32 export (export with --onnx) for onnxruntime")
-    threads = threads or D.default_threads()
+    threads = threads or default_threads()
     runtimes = {FP32: (fp32_dir, "paddle-cpu", "fp32"), INT8: (int8_dir, "paddle-cpu", "int8")}
     if onnx:
         runtimes[ORT] = (fp32_dir, "onnxruntime", "fp32")
@@ -38,9 +38,9 @@ def compare_latency(fp32_dir: str, int8_dir: str, batch_sizes: Sequence[int] = (
                     "batch_sizes": [int(bs) for bs in batch_sizes], "warmup": warmup, "steps": steps}
              for name, (d, b, p) in runtimes.items()}
     env = {name: dict(ppdlx.THREAD_ENV_GIVEN) for name in specs}
-    measured = D.run_rounds(specs, rounds, env, progress=progress)
+    measured = run_rounds(specs, rounds, env, progress=progress)
     pairs = [(INT8, FP32)] + ([(INT8, ORT), (FP32, ORT)] if onnx else [])
-    summary = D.summarize_rounds(measured["replies"], list(batch_sizes), pairs)
+    summary = summarize_rounds(measured["replies"], list(batch_sizes), pairs)
     features = cpu_features()
     rows = [{"runtime": name, "batch_size": bs, **stats} for (name, bs), stats in summary["runtimes"].items()]
     engines = {name: replies[0].get("engine") for name, replies in measured["replies"].items()}

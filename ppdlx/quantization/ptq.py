@@ -24,6 +24,12 @@ import os
 import time
 from typing import Optional
 
+import numpy as np
+import paddle
+from paddle.base.proto import framework_pb2
+from paddle.static.quantization import PostTrainingQuantization
+
+from ppdlx.cpu_features import cpu_features, has_vnni
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.export import META_FILE, find_model_files, read_meta
 from ppdlx.export.files import ModelFiles, file_records, publish_export, staged_export
@@ -89,9 +95,6 @@ def _calibrate(files: ModelFiles, preprocess: ExportPreprocess, paths, output_di
                batch_size: int, headroom: float) -> dict:
     """Run PostTrainingQuantization on the legacy program, widen the activation ranges by
     ``headroom`` and save the program in ``output_dir``."""
-    import paddle
-    from paddle.static.quantization import PostTrainingQuantization
-
     with paddle.pir_utils.OldIrGuard():  # static mode + legacy IR, both restored on exit
         scope = paddle.static.Scope()
         with paddle.static.scope_guard(scope):
@@ -114,7 +117,6 @@ def _calibrate(files: ModelFiles, preprocess: ExportPreprocess, paths, output_di
 def read_saved_program(model_file: str) -> dict:
     """``{"ops": {type: count}, "fetch_names": [...]}`` of a saved legacy program (counted from the
     file: saving prunes the ops the fetches do not need)."""
-    from paddle.base.proto import framework_pb2
     program = framework_pb2.ProgramDesc()
     with open(model_file, "rb") as f:
         program.ParseFromString(f.read())
@@ -127,8 +129,6 @@ def read_saved_program(model_file: str) -> dict:
 def _widen_activation_ranges(program, scope, factor: float) -> int:
     """Multiply every activation quantize/dequantize range by ``factor`` (weights untouched);
     returns how many range tensors changed."""
-    import numpy as np
-    import paddle
     block, done = program.global_block(), set()
     for op in block.ops:
         if op.type not in QUANT_OPS or block.var(op.input("X")[0]).persistable:
@@ -143,7 +143,6 @@ def _widen_activation_ranges(program, scope, factor: float) -> int:
 
 def default_headroom() -> tuple:
     """``(factor, reason)`` for this CPU: 2 without VNNI (see ACTIVATION_HEADROOM), else 1."""
-    from ppdlx.cpu_features import cpu_features, has_vnni
     if has_vnni(cpu_features()):
         return 1.0, "this CPU has VNNI: int8 dot products accumulate in 32 bits"
     return ACTIVATION_HEADROOM, ("this CPU has no VNNI: oneDNN's u8 x s8 kernels (vpmaddubsw) saturate 16-bit "

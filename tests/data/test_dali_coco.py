@@ -21,7 +21,7 @@ def shapes(tmp_path_factory):
 
 
 def _cfg(root, *extra):
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # the nulls: the model's default_cfg
+    from ppdlx.tasks.preprocess import resolve_preprocessing  # the nulls: the model's default_cfg
     return resolve_preprocessing(load_config(None, ["data.dataset=coco", f"data.root={root}", "data.coco.train_json=annotations/instances_train.json",
                               "data.coco.val_json=annotations/instances_val.json", "data.coco.train_images=train",
                               "data.coco.val_images=val", "data.coco.image_size=96", "data.batch_size=4",

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from ppdlx.benchmarks.infer import load_deploy_module
+from benchmarks.infer import load_deploy_module
 from ppdlx.config import load_config
 from ppdlx.export import export_model
 

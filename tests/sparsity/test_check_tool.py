@@ -9,7 +9,7 @@ import numpy as np
 import paddle
 import pytest
 
-from ppdlx.engine import checkpoint as ckpt
+from ppdlx import checkpoint as ckpt
 from ppdlx.models import build_model
 from ppdlx.sparsity import ASPHook, SparsityCheckError, check_path, raise_on_violation
 

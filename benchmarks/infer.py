@@ -1,0 +1,398 @@
+"""Inference speed: ppdlx's deploy predictor (Paddle Inference, CPU) vs onnxruntime on the same export.
+
+Exports the configured classifier (ResNet50 at 224 by default; random weights are fine for
+speed) with ``--onnx`` and imports the deploy package ``ppdlx_deploy`` (deploy/ does not import
+ppdlx, and ppdlx does not depend on deploy/: it is found at run time, see :func:`find_deploy_dir`).
+Each compared runtime runs in its OWN fresh worker process, one process at a time, once per
+round; the order alternates from round to round (``ppdlx_deploy.benchmark.run_rounds``). A
+worker builds its predictor, runs ``--warmup`` untimed batches and times ``--steps`` batches per
+batch size (input copy + run + output copy). Reported: per runtime the median batch latency
+over all rounds; per pair (every runtime vs the reference, every Paddle variant vs plain
+``paddle-cpu fp32``) the median and spread (range, quartiles) of the per-round latency ratios.
+Each row also reads the runtime's speed as GFLOP/s (the model's convolutions and linear layers)
+and as a share of this CPU's float32 matrix-product peak, timed before and after the rounds
+(:mod:`benchmarks.matmul_peak`): how much any float32 runtime could still gain here.
+Why not one process: the spinning worker threads of one runtime's thread pool take cores from the
+next (docs/cpu_speed.md).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import time
+from typing import Optional
+
+import ppdlx
+from benchmarks.matmul_peak import DEFAULT_SIZE, achieved_gflop_per_s, matmul_peak, model_gflop_per_image
+from ppdlx.cpu_features import cpu_features, has_bf16
+from ppdlx.errors import ConfigError, UnsupportedError
+
+DEPLOY_PACKAGE = "ppdlx_deploy"
+DEPLOY_DIR_ENV = "PPDLX_DEPLOY_DIR"
+# deploy/python of this checkout (a test points it elsewhere to play an installed wheel).
+CHECKOUT_DEPLOY_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deploy", "python")
+
+
+def _package_dir_in(directory: str) -> Optional[str]:
+    """The ppdlx_deploy package under ``directory`` (deploy/python, or a checkout's deploy/)."""
+    for candidate in (os.path.join(directory, DEPLOY_PACKAGE), os.path.join(directory, "python", DEPLOY_PACKAGE)):
+        if os.path.isfile(os.path.join(candidate, "__init__.py")):
+            return candidate
+    return None
+
+
+def find_deploy_dir(deploy_dir: Optional[str] = None) -> Optional[str]:
+    """The folder of the ``ppdlx_deploy`` package to use: ``deploy_dir`` (``--deploy-dir``), else
+    ``$PPDLX_DEPLOY_DIR``, else this checkout's deploy/python; None when none is given and the
+    checkout has none, so that an installed ``ppdlx_deploy`` is used. A folder given but holding
+    no package is a one-line ConfigError."""
+    for given, origin in ((deploy_dir, "--deploy-dir"), (os.environ.get(DEPLOY_DIR_ENV), DEPLOY_DIR_ENV)):
+        if given:
+            package_dir = _package_dir_in(given)
+            if package_dir is None:
+                raise ConfigError(f"{origin}={given}: no {DEPLOY_PACKAGE}/ package there (expected "
+                                  f"{os.path.join(given, DEPLOY_PACKAGE, '__init__.py')}); point it at deploy/python "
+                                  f"of a ppdlx checkout")
+            return package_dir
+    return _package_dir_in(CHECKOUT_DEPLOY_DIR)
+
+
+def load_deploy_module(deploy_dir: Optional[str] = None):
+    """The deploy package ``ppdlx_deploy`` (its public API: load_meta, Pipeline, PaddlePredictor,
+    ...), imported from :func:`find_deploy_dir`'s folder or, without one, as installed. Cached in
+    sys.modules; asking for a second copy from another folder in the same process is refused."""
+    package_dir = find_deploy_dir(deploy_dir)
+    loaded = sys.modules.get(DEPLOY_PACKAGE)
+    if loaded is not None:
+        loaded_dir = os.path.dirname(os.path.abspath(loaded.__file__))
+        if package_dir is not None and os.path.realpath(loaded_dir) != os.path.realpath(package_dir):
+            raise ConfigError(f"{DEPLOY_PACKAGE} is already imported from {loaded_dir} in this process; "
+                              f"cannot also load {package_dir}")
+        return loaded
+    if package_dir is None:
+        if importlib.util.find_spec(DEPLOY_PACKAGE) is None:
+            raise ConfigError(f"the deploy package {DEPLOY_PACKAGE} was not found: not in {CHECKOUT_DEPLOY_DIR} "
+                              f"and not installed; pass --deploy-dir or set {DEPLOY_DIR_ENV} to deploy/python of "
+                              f"a ppdlx checkout")
+        return importlib.import_module(DEPLOY_PACKAGE)
+    spec = importlib.util.spec_from_file_location(DEPLOY_PACKAGE, os.path.join(package_dir, "__init__.py"),
+                                                  submodule_search_locations=[package_dir])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[DEPLOY_PACKAGE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        for name in [n for n in sys.modules if n == DEPLOY_PACKAGE or n.startswith(DEPLOY_PACKAGE + ".")]:
+            del sys.modules[name]
+        raise
+    return module
+
+
+DEFAULT_REFERENCE = "onnxruntime fp32"
+PADDLE_BASELINE = "paddle-cpu fp32"
+# Process-level settings that may matter on some CPUs; they act before the libraries load, so
+# they are benchmark candidates (a worker's environment), not predictor plans.
+ENV_VARIANTS = {
+    "kmp-compact": {"KMP_AFFINITY": "granularity=fine,compact,1,0"},  # pin OpenMP threads to cores
+    "mkl-type-5": {"MKL_DEBUG_CPU_TYPE": "5"},                          # MKL's AVX2 paths forced
+    # glibc keeps freed blocks in the heap (what ppdlx's CPU training sets with mallopt)
+    "keep-memory": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "2147483647"},
+}
+
+
+def add_arguments(parser):
+    parser.add_argument("-c", "--config", required=True)
+    parser.add_argument("-o", "--override", action="append", nargs="+", default=[])
+    parser.add_argument("--batch-sizes", default="1,8")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rounds; each runs every runtime once in its own fresh process (order alternates)")
+    parser.add_argument("--steps", "--repeats", dest="steps", type=int, default=20,
+                        help="timed batches per runtime, batch size and round")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed batches per worker and batch size")
+    parser.add_argument("--threads", type=int, help="CPU threads for every runtime (default: cores available)")
+    parser.add_argument("--runtimes", default="auto",
+                        help="comma list of 'BACKEND PRECISION [VARIANT[+VARIANT]]' (paddle-cpu/onnxruntime; "
+                             "Paddle plan variants from ppdlx_deploy.CPU_VARIANTS, worker environments "
+                             f"{', '.join(ENV_VARIANTS)}); 'auto' = {PADDLE_BASELINE}, {DEFAULT_REFERENCE} and "
+                             "paddle-cpu bf16 where the CPU has bf16 hardware")
+    parser.add_argument("--reference", default=DEFAULT_REFERENCE, help="the runtime every ratio divides by")
+    parser.add_argument("--resolution", type=int, default=224)
+    parser.add_argument("--model-dir", help="export here (default: <global.output_dir>/bench_infer); "
+                                            "an export with the same model/resolution is reused")
+    parser.add_argument("--format", choices=("pir", "program"), default="program",
+                        help="Paddle program format to export (ONNX is converted from the same export); "
+                             "program (.pdmodel) runs on the classic executor and allows the OpenVINO engine")
+    parser.add_argument("--reexport", action="store_true", help="export even if a matching export exists")
+    parser.add_argument("--openvino", action="store_true", help="add 'paddle-cpu fp32 openvino' (--format program)")
+    parser.add_argument("--untuned", action="store_true", help="add 'paddle-cpu fp32 untuned' (Paddle's defaults)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the rounds, one more worker per paddle-cpu/onnxruntime runtime splits each batch "
+                             "into convolutions, other kernels and time outside kernels (oneDNN's verbose log, "
+                             "onnxruntime's profiler); the profilers' cost is in those times")
+    parser.add_argument("--matmul-size", type=int, default=DEFAULT_SIZE,
+                        help="side of the float32 matrix product timed before and after the rounds as this CPU's "
+                             "arithmetic peak (rows then show GFLOP/s and their share of it); 0 = skip")
+    parser.add_argument("--deploy-dir", help=f"folder holding the {DEPLOY_PACKAGE} package (default: "
+                                             f"${DEPLOY_DIR_ENV}, else deploy/python of this checkout, else the "
+                                             f"installed package)")
+
+
+def _ensure_export(cfg, model_dir: str, fmt: str, reexport: bool) -> dict:
+    from ppdlx.export import export_model
+    meta_path = os.path.join(model_dir, "inference.yml")
+    if not reexport and os.path.isfile(meta_path):
+        import yaml
+        with open(meta_path, encoding="utf-8") as f:
+            meta = yaml.safe_load(f)
+        same = (meta.get("model", {}).get("name") == cfg.model.name and meta["model"].get("format") == fmt
+                and meta["model"].get("onnx_file") and meta["inputs"][0]["shape"][-1] in
+                (cfg.data.transforms.crop_size,) and meta["model"].get("num_classes") == cfg.model.num_classes
+                and os.path.isfile(os.path.join(model_dir, meta["model"]["onnx_file"])))
+        if same:
+            return {"reused": True, "seconds": 0.0}
+    report = export_model(cfg, output_dir=model_dir, onnx=True, fmt=fmt, check_batch_sizes=(1,), rtol=1e-3)
+    return {"reused": False, "seconds": report["seconds"], "checks": report["checks"]}
+
+
+def _check_counts(args) -> list:
+    """The batch sizes; every count that would time nothing is a one-line error, before any work."""
+    for flag, value, least in (("--steps", args.steps, 1), ("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0)):
+        if value < least:
+            raise ConfigError(f"benchmark infer {flag} {value}: need at least {least} "
+                              + ("timed batch per runtime, batch size and round" if flag == "--steps" else
+                                 "round" if flag == "--rounds" else "untimed batches"))
+    try:
+        sizes = [int(b) for b in str(args.batch_sizes).split(",") if b.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f"benchmark infer --batch-sizes {args.batch_sizes}: give positive integers, e.g. 1,8")
+    return sizes
+
+
+def runtime_names(args, features: dict) -> list:
+    """The runtimes to compare, ``auto`` expanded, without repeats."""
+    names = []
+    for item in [n.strip() for n in str(args.runtimes).split(",") if n.strip()]:
+        if item == "auto":
+            names += [PADDLE_BASELINE, DEFAULT_REFERENCE] + (["paddle-cpu bf16"] if has_bf16(features) else [])
+        else:
+            names.append(" ".join(item.split()))
+    names += ["paddle-cpu fp32 openvino"] * args.openvino + ["paddle-cpu fp32 untuned"] * args.untuned
+    return list(dict.fromkeys(names))
+
+
+def parse_runtime(name: str, variants: dict, features: dict) -> tuple:
+    """``(worker spec fields, worker environment)`` of a runtime name such as
+    ``paddle-cpu fp32 memory-optim+kmp-compact``."""
+    parts = name.split()
+    if len(parts) not in (2, 3) or parts[0] not in ("paddle-cpu", "onnxruntime"):
+        raise ConfigError(f"benchmark infer --runtimes: '{name}': write 'BACKEND PRECISION [VARIANT]' with backend "
+                          f"paddle-cpu or onnxruntime, e.g. 'paddle-cpu fp32 memory-optim'")
+    backend, precision = parts[:2]
+    plan_parts, env = [], {}
+    for token in (parts[2].split("+") if len(parts) == 3 else []):
+        if token in ENV_VARIANTS:
+            env.update(ENV_VARIANTS[token])
+        elif token in variants and backend == "paddle-cpu":
+            plan_parts.append(token)
+        else:
+            known = ", ".join(list(variants) + list(ENV_VARIANTS)) if backend == "paddle-cpu" else \
+                ", ".join(ENV_VARIANTS)
+            raise ConfigError(f"benchmark infer --runtimes: '{name}': unknown variant '{token}' for {backend} "
+                              f"(known: {known})")
+    if backend == "onnxruntime" and precision != "fp32":
+        raise UnsupportedError(f"benchmark infer --runtimes: '{name}': onnxruntime runs fp32 here")
+    if precision == "bf16" and not has_bf16(features):
+        raise UnsupportedError(f"benchmark infer --runtimes: '{name}': this CPU has neither avx512_bf16 nor "
+                               f"amx_bf16, so paddle-cpu bf16 is not offered (oneDNN would emulate it)")
+    options = {"cpu_variant": "+".join(plan_parts)} if plan_parts else {}
+    return {"backend": backend, "precision": precision, "options": options}, env
+
+
+def _pairs(names: list, reference: str) -> list:
+    pairs = [(n, reference) for n in names if n != reference]
+    if PADDLE_BASELINE in names:
+        pairs += [(n, PADDLE_BASELINE) for n in names
+                  if n.startswith("paddle-cpu") and n not in (PADDLE_BASELINE, reference)]
+    return pairs
+
+
+def ratio_text(value: float) -> str:
+    """A ratio to 3 decimals, or 4 where 3 would print 1.000 for a ratio on one side of 1."""
+    text = f"{value:.3f}"
+    return f"{value:.4f}" if text == "1.000" and value != 1.0 else text
+
+
+def _range(stats: dict) -> str:
+    rounds = f"{stats['n']} round" + ("s" if stats["n"] != 1 else "")
+    return (f"{ratio_text(stats['median'])} (median of {rounds}; range {stats['min']:.3f}-{stats['max']:.3f}, "
+            f"quartiles {stats['q1']:.3f}-{stats['q3']:.3f})")
+
+
+def _one_line(D, fn, *args, **kwargs):
+    """``fn(...)`` with the deploy package's errors raised as ppdlx's (one line, same exit code)."""
+    try:
+        return fn(*args, **kwargs)
+    except D.UnsupportedError as err:
+        raise UnsupportedError(f"benchmark infer: {err}") from None
+    except D.DeployError as err:
+        raise ConfigError(f"benchmark infer: {err}") from None
+
+
+def convolution_ratio_bounds(split: dict, median_ms: float, ref_split: dict, ref_median_ms: float) -> tuple:
+    """Bounds on one runtime's convolution time over the reference's without the profilers' cost.
+    A profiler slows the runtime it watches by ``profiled wall - unprofiled median``, somewhere
+    inside or outside the kernels it times (onnxruntime's profiled convolutions can sum to more
+    than its whole unprofiled batch), so each runtime's unprofiled convolution time lies between
+    its profiled time less that cost and its profiled time, and never above its unprofiled median."""
+    def interval(s, median):
+        cost = max(0.0, s["wall_ms"] - median)
+        return max(s["convolution_ms"] - cost, 1e-9), min(s["convolution_ms"], median)
+    lo, hi = interval(split, median_ms)
+    ref_lo, ref_hi = interval(ref_split, ref_median_ms)
+    return lo / ref_hi, hi / ref_lo
+
+
+def _kernel_profile(D, specs: dict, env: dict, batch_sizes: list, notes: list, reference: str,
+                    medians: dict) -> dict:
+    """One profiled worker per profiled runtime (:mod:`ppdlx_deploy.kernel_profile`), its split in
+    ``notes``, and each runtime's convolution time over the reference's."""
+    profiled = {name: spec for name, spec in specs.items() if spec["backend"] in ("paddle-cpu", "onnxruntime")
+                and "openvino" not in name}
+    splits = {}
+    for name, spec in profiled.items():
+        worker_env = dict(env.get(name) or {}, **(D.kernel_profile.ONEDNN_VERBOSE_ENV
+                                                  if spec["backend"] == "paddle-cpu" else {}))
+        print(f"profile: {name}", file=sys.stderr, flush=True)
+        splits[name] = _one_line(D, D.run_in_worker, dict(spec, label=name, kernel_profile=True), worker_env)["profile"]
+    for bs in batch_sizes:
+        for name, split in splits.items():
+            line = D.kernel_profile.profile_line(name, split[str(bs)])
+            if name != reference and reference in splits:
+                own, ref = split[str(bs)], splits[reference][str(bs)]
+                lo, hi = convolution_ratio_bounds(own, medians[(name, bs)], ref, medians[(reference, bs)])
+                line += (f"; convolutions / {reference}'s: {own['convolution_ms'] / ref['convolution_ms']:.3f} "
+                         f"profiled, {lo:.3f}-{hi:.3f} without either profiler's cost")
+            notes.append(f"profile bs {bs}: {line}")
+    return splits
+
+
+def _matmul_peak(size: int, threads: int) -> Optional[dict]:
+    if size <= 0:
+        return None
+    print(f"matmul peak: float32 {size} x {size} products, {threads} thread(s)", file=sys.stderr, flush=True)
+    return matmul_peak(threads, size)
+
+
+def peak_line(peaks: list, peak: dict, gflop: float, rows: list) -> str:
+    """The note that reads each runtime's speed against the CPU's float32 matrix-product peak."""
+    measured = ", ".join(f"{t['library']} {t['gflop_per_s']:.0f}" for p in peaks for t in p["timings"])
+    shares = "; ".join(f"{row['case']} bs {row['batch_size']} {row['gflop_per_s']:.0f} ({row['of_matmul_peak']:.2f})"
+                       for row in rows)
+    return (f"matmul peak: {peak['gflop_per_s']:.0f} GFLOP/s ({peak['by']}, float32 "
+            f"{peak['timings'][0]['size']}^2, {peak['timings'][0]['threads']} thread(s); before and after the "
+            f"rounds: {measured}); the model's convolutions and linear layers are {gflop:.3g} GFLOP per image; "
+            f"GFLOP/s reached (share of the peak): {shares}")
+
+
+def run(args) -> dict:
+    batch_sizes = _check_counts(args)
+    features = cpu_features()
+    from ppdlx.config import flatten_overrides, load_config
+    D = load_deploy_module(args.deploy_dir)  # before the export: a missing deploy package is one line, at once
+    names = runtime_names(args, features)
+    parsed = {name: parse_runtime(name, D.CPU_VARIANTS, features) for name in names}
+    if args.reference not in parsed:
+        raise ConfigError(f"benchmark infer --reference '{args.reference}' is not among the runtimes "
+                          f"({', '.join(names)})")
+    if len(names) < 2:
+        raise ConfigError(f"benchmark infer: compare at least two runtimes (--runtimes {args.runtimes})")
+    overrides = list(flatten_overrides(args.override)) + [
+        f"data.transforms.crop_size={args.resolution}", f"data.transforms.resize_short={int(args.resolution * 8 / 7)}"]
+    cfg = load_config(args.config, overrides)
+    from ppdlx.models.from_config import build_model
+    from ppdlx.tasks import task_of
+    task = task_of(cfg)
+    if not task.classifies_images:
+        raise ConfigError(f"benchmark infer: classification models only (data.dataset={cfg.data.dataset} is "
+                          f"{task.name} data, model.name={cfg.model.name})")
+    model_dir = os.path.abspath(args.model_dir or os.path.join(cfg.global_cfg.output_dir, "bench_infer"))
+    export = _ensure_export(cfg, model_dir, args.format, args.reexport)
+
+    threads = args.threads or D.default_threads()
+    meta = D.load_meta(model_dir)
+    files = D.model_files(model_dir, meta)
+    for spec, _ in parsed.values():  # a plan this export or CPU refuses is one line now, not after some rounds
+        if spec["backend"] == "paddle-cpu":
+            _one_line(D, D.build_plan, meta, files, "paddle-cpu", spec["precision"], threads=threads,
+                      **spec["options"])
+    specs = {name: {"model_dir": model_dir, "threads": threads, "batch_sizes": batch_sizes, "warmup": args.warmup,
+                    "steps": args.steps, **spec} for name, (spec, _) in parsed.items()}
+    # The workers get the thread environment this process was started with (paddle's import sets
+    # OMP_NUM_THREADS here), plus their variant's.
+    env = {name: {**ppdlx.THREAD_ENV_GIVEN, **variant_env} for name, (_, variant_env) in parsed.items()}
+    load_before = os.getloadavg()
+    started = time.time()
+    peaks = [_matmul_peak(args.matmul_size, threads)]
+    measured = _one_line(D, D.run_rounds, specs, args.rounds, env,
+                         progress=lambda line: print(line, file=sys.stderr, flush=True))
+    peaks.append(_matmul_peak(args.matmul_size, threads))
+    load_after = os.getloadavg()
+    pairs = _pairs(names, args.reference)
+    summary = D.summarize_rounds(measured["replies"], batch_sizes, pairs)
+    ratio_of = {(r["runtime"], r["reference"], r["batch_size"]): r for r in summary["ratios"]}
+    peak = max((p for p in peaks if p), key=lambda p: p["gflop_per_s"], default=None)
+    gflop = model_gflop_per_image(build_model(cfg), args.resolution, cfg.model.data_format) if peak else None
+    rows = []
+    for bs in batch_sizes:
+        for name in names:
+            stats, first = summary["runtimes"][(name, bs)], measured["replies"][name][0]
+            row = {"case": name, "batch_size": bs, "engine": first["engine"], "threads": first["threads"],
+                   "median_ms": stats["median_ms"], "images_per_s": bs * 1000.0 / stats["median_ms"],
+                   "round_median_ms": stats["round_median_ms"]}
+            if peak:
+                row["gflop_per_s"] = achieved_gflop_per_s(gflop, bs, stats["median_ms"])
+                row["of_matmul_peak"] = row["gflop_per_s"] / peak["gflop_per_s"]
+            ratio = ratio_of.get((name, args.reference, bs))
+            if ratio:
+                row.update({"vs_reference": ratio["median"], "vs_reference_min": ratio["min"],
+                            "vs_reference_max": ratio["max"]})
+            rows.append(row)
+    workers = {name: {k: replies[0][k] for k in ("engine", "precision", "threads", "cpu_variant", "notes", "calls",
+                                                  "thread_env", "thread_env_after_load", "versions")}
+               for name, replies in measured["replies"].items()}
+    for name, (_, variant_env) in parsed.items():
+        workers[name]["variant_env"] = variant_env
+    notes = [f"model: {cfg.model.name} {args.resolution}px, {cfg.model.num_classes} classes, random weights, "
+             f"format {meta['model']['format']} ({meta['model']['model_file']}), ONNX from the same export "
+             f"({'reused' if export['reused'] else 'exported in %.0f s' % export['seconds']})",
+             f"method: {len(names)} runtimes x {args.rounds} rounds, each run in its own fresh process, one at a "
+             f"time, order reversed every other round; per worker {args.warmup} warm-up + {args.steps} timed batches "
+             f"per batch size; {threads} thread(s) each; {time.time() - started:.0f} s; load average "
+             f"{load_before[0]:.1f} -> {load_after[0]:.1f} on {os.cpu_count()} cores",
+             f"cpu: {features.get('model_name')} ({features.get('vendor')}), flags {' '.join(features['flags'])}"]
+    for name in names:
+        notes.append(f"{name}: " + "; ".join(workers[name]["notes"]))
+    if peak:
+        notes.append(peak_line(peaks, peak, gflop, rows))
+    for ratio in summary["ratios"]:
+        a = summary["runtimes"][(ratio["runtime"], ratio["batch_size"])]["median_ms"]
+        b = summary["runtimes"][(ratio["reference"], ratio["batch_size"])]["median_ms"]
+        verdict = "<=" if ratio["median"] <= 1.0 else ">"
+        diff = ratio["output_max_abs_diff"]
+        notes.append(f"bs {ratio['batch_size']}: {ratio['runtime']} / {ratio['reference']} = {_range(ratio)} "
+                     f"{verdict} 1; medians {a:.2f} vs {b:.2f} ms; outputs differ by at most "
+                     + ("?" if diff is None else f"{diff:.2g}"))
+    medians = {key: stats["median_ms"] for key, stats in summary["runtimes"].items()}
+    profile = _kernel_profile(D, specs, env, batch_sizes, notes, args.reference, medians) if args.profile else None
+    return {"rows": rows, "notes": notes, "model_dir": model_dir, "ratios": summary["ratios"], "profile": profile,
+            "matmul_peak": {"before": peaks[0], "after": peaks[1], "gflop_per_s": peak and peak["gflop_per_s"],
+                            "model_gflop_per_image": gflop},
+            "order": measured["order"], "workers": workers,
+            "threads": {"per_runtime": threads, "environment_given": ppdlx.THREAD_ENV_GIVEN},
+            "method": {"rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "batch_sizes": batch_sizes,
+                       "processes": "fresh per runtime and round, one at a time",
+                       "order": "as listed in even rounds, reversed in odd rounds", "reference": args.reference}}

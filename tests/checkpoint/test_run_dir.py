@@ -1,0 +1,130 @@
+"""The training's output directory (``ppdlx.checkpoint.run_dir``): one training at a time (a lock a killed holder
+leaves is taken over), never a fresh start over checkpoints unless asked, an unwritable directory or a failed
+save is one line, and a checkpoint of another model is refused before training."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import paddle
+import pytest
+
+from ppdlx import checkpoint as ckpt
+from ppdlx.config import load_config
+from ppdlx.errors import ConfigError
+from ppdlx.models import build_model
+from tests.engine.test_training import tiny_overrides
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN = os.path.join(ROOT, "tools", "train.py")
+CONFIG = os.path.join(ROOT, "configs", "demo", "rn50_demo.yaml")
+FAULTS = os.path.join(ROOT, "tests", "checkpoint", "fault_injection")
+
+
+def start(tree, out, *extra, **faults):
+    """tools/train.py on the tiny tree; ``faults``: PPDLX_FAULT_<NAME> settings (tests/checkpoint/fault_injection)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([FAULTS, os.environ.get("PYTHONPATH", "")]),
+               PPDLX_FAULT_DIR=str(out), **{f"PPDLX_FAULT_{k.upper()}": v for k, v in faults.items()})
+    return subprocess.Popen([sys.executable, TRAIN, "-c", CONFIG, "-o",
+                             *tiny_overrides(tree, out, "train.epochs=2", "train.steps_per_epoch=1", *extra)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def finish(proc):
+    stdout, stderr = proc.communicate(timeout=600)
+    return proc.returncode, stdout, stderr
+
+
+def last_line(text):
+    return text.strip().splitlines()[-1]
+
+
+def stopped(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def tiny_checkpoint(path, **identity):
+    paddle.seed(0)
+    model = build_model("resnet18_bottleneck_tiny", num_classes=4)
+    extra = [identity] if identity else []  # the manifest's model identity
+    ckpt.save_checkpoint(str(path), model.state_dict(), None, {"epoch": 1, "global_step": 1}, *extra)
+
+
+def test_one_training_per_directory_a_killed_holder_is_taken_over_and_a_failed_save_stops_cleanly(tiny_tree, tmp_path):
+    out = tmp_path / "run"
+    holder = start(tiny_tree, out, stop="open config.yaml.tmp.<pid>")  # stops alive, after taking the directory
+    deadline = time.time() + 300
+    while not (os.path.exists(f"/proc/{holder.pid}") and stopped(holder.pid)):
+        assert holder.poll() is None and time.time() < deadline, holder.communicate()
+        time.sleep(0.1)
+    try:
+        code, _, stderr = finish(start(tiny_tree, out))
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.communicate()
+    assert code == 2, stderr[-2000:]
+    assert last_line(stderr) == (f"error: global.output_dir={out} is in use by another training (pid {holder.pid} "
+                                 f"holds {out}/train.lock); wait for it to end, or use another global.output_dir")
+
+    # the killed holder's lock is taken over; the second save fails for real (the kernel refuses writes past 4 KB)
+    failing = start(tiny_tree, out, file_limit="mkdir epoch_2.tmp-<pid>=4096")
+    code, stdout, stderr = finish(failing)
+    assert f"took over {out}/train.lock from pid {holder.pid}, which ended without releasing it" in stdout + stderr
+    assert code == 2, stderr[-2000:]
+    assert last_line(stderr) == (f"error: saving checkpoint {out}/epoch_2 failed (File too large: "
+                                 f"{out}/epoch_2.tmp-{failing.pid}/model.pdparams); latest -> epoch_1 is complete. "
+                                 f"Free space or fix the directory, then continue with train.resume=auto")
+    assert sorted(n for n in os.listdir(out) if "epoch" in n or n in ("latest", "best")) == ["best", "epoch_1",
+                                                                                            "latest"]
+    ckpt.verify(str(out / "latest"))
+    assert ckpt.load_states(str(out / "latest"))["epoch"] == 1
+
+
+def test_no_fresh_start_over_checkpoints_unless_asked(tiny_tree, tmp_path, ppdlx_caplog):
+    out = tmp_path / "run"
+    tiny_checkpoint(out / "latest")
+    code, _, stderr = finish(start(tiny_tree, out))
+    assert code == 2, stderr[-2000:]
+    assert last_line(stderr) == (f"error: global.output_dir={out} already holds checkpoints (latest); pass "
+                                 f"train.resume=auto to continue from the newest complete one, train.resume=never to "
+                                 f"start over (replacing them), or another global.output_dir")
+    assert os.path.isfile(out / "latest" / "manifest.json")  # untouched
+    from ppdlx.checkpoint.run_dir import prepare_output_dir, release_output_dir
+    cfg = load_config(None, tiny_overrides(tiny_tree, out, "train.resume=never"))
+    with ppdlx_caplog.at_level("INFO", logger="ppdlx"):
+        assert prepare_output_dir(cfg, rank=0) is None
+    release_output_dir(str(out))
+    assert ppdlx_caplog.messages[-1] == f"train.resume=never: removed the checkpoints in {out} (latest)"
+    assert not os.path.lexists(out / "latest")
+
+
+def test_an_unwritable_output_dir_is_one_line_before_anything_is_built(tiny_tree, tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    out = tmp_path / "file" / "run"
+    code, _, stderr = finish(start(tiny_tree, out))
+    assert code == 2, stderr[-2000:]
+    assert last_line(stderr) == (f"error: global.output_dir={out}: cannot write there (Not a directory: {out}); "
+                                 f"choose a writable global.output_dir")
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_training(tiny_tree, tmp_path):
+    from ppdlx.engine.run import build_training
+    resume = ["train.resume=auto", "global.cpu_fast_kernels=false"]
+    out = tmp_path / "shapes"  # no name recorded, no optimizer state: the parameters tell
+    paddle.seed(0)
+    other = build_model("resnet18_bottleneck_tiny", num_classes=10)
+    ckpt.save_checkpoint(str(out / "latest"), other.state_dict(), None, {"epoch": 1, "global_step": 1})
+    with pytest.raises(ConfigError) as err:
+        build_training(load_config(CONFIG, tiny_overrides(tiny_tree, out, *resume)))
+    assert str(err.value) == (f"train.resume: {out}/latest is a checkpoint of another model (parameter 'fc.weight' is "
+                              f"[512, 10] in the checkpoint but [512, 4] here); resume with the model.name/num_classes "
+                              f"it was trained with, or train into another global.output_dir")
+    out = tmp_path / "named"
+    tiny_checkpoint(out / "latest", name="resnet50", num_classes=1000)  # manifest: another registry name
+    with pytest.raises(ConfigError) as err:
+        build_training(load_config(CONFIG, tiny_overrides(tiny_tree, out, *resume)))
+    assert str(err.value) == (f"train.resume: {out}/latest is a checkpoint of model 'resnet50' (1000 classes) but this "
+                              f"run builds 'resnet18_bottleneck_tiny'; set model.name=resnet50, or train into another "
+                              f"global.output_dir (or train.resume=never to replace it)")
