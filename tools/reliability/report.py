@@ -12,7 +12,7 @@ RERUN = "python tools/fault_battery.py"
 MESSAGE_CHARS = 260
 
 LEGEND = """\
-Verdicts come from explicit per-case checks (`ppdlx/reliability/battery.py`, `judge`), in this order:
+Verdicts come from explicit per-case checks (`tools/reliability/battery.py`, `judge`), in this order:
 
 - **DATA-LOSS**: a file the case protected (a good checkpoint, the other epochs) was overwritten or removed.
 - **SILENT**: exit 0 while the case's check of the outputs says the result is wrong (a case that must be refused
