@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 
 import pytest
@@ -205,10 +206,17 @@ def test_import_without_paddle_says_which_builds_to_install(wheel, tmp_path):
 # ------------------------------------------------------------------------------------------------ installed
 
 def make_venv(path):
-    """A venv that sees this interpreter's site-packages (paddle, numpy, DALI, pip) but has its own first."""
+    """A venv that sees this interpreter's site-packages (paddle, numpy, DALI, pip) but has its own first.
+    ``--system-site-packages`` alone gives the base interpreter's: when the suite itself runs in a virtualenv
+    (README (b) as a user runs it), that one has none of the packages, so a .pth file adds this
+    interpreter's site directories after the venv's own (``site.addsitedir``: their .pth files apply too, as
+    they do for a system site)."""
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(path)],
                    check=True, timeout=120)
     (site,) = glob.glob(str(path / "lib" / "python*" / "site-packages"))
+    running = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    with open(os.path.join(site, "_running_interpreter_site.pth"), "w", encoding="utf-8") as f:
+        f.write("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in running) + "\n")
     return str(path / "bin" / "python"), site
 
 

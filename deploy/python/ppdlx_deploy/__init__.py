@@ -20,15 +20,17 @@ The names below are the package's public API (``import ppdlx_deploy as D; D.Pipe
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 from . import cpu  # stdlib only: nothing may load paddle before the MKL switch below
 
 # MKL's vendor check keeps its AVX2 kernels from non-Intel CPUs: where that costs (a non-Intel CPU
 # with avx2, detected at run time) MKL_DEBUG_CPU_TYPE=5 is set before paddle (and MKL) load, which
-# every module here does lazily; elsewhere MKL is left alone. A variable the user set wins.
+# every module here does lazily; elsewhere MKL is left alone. A variable the user set wins, and inside
+# a ppdlx process ppdlx has decided already (its config's global.mkl_debug_cpu_type: null unsets it).
 MKL_DEBUG_CPU_TYPE_DETECTED = cpu.mkl_debug_cpu_type_for(cpu.cpu_features())
-if MKL_DEBUG_CPU_TYPE_DETECTED is not None:
+if MKL_DEBUG_CPU_TYPE_DETECTED is not None and "ppdlx" not in sys.modules:
     os.environ.setdefault("MKL_DEBUG_CPU_TYPE", MKL_DEBUG_CPU_TYPE_DETECTED)
 # paddle's import warns about a missing ccache (a compiler cache for custom C++ ops): irrelevant here,
 # and it would break the one-line error contract.
