@@ -234,11 +234,9 @@ class OptimizerConfig(Section):
     name: str = "momentum"
     momentum: float = 0.875
     weight_decay: float = Field(1.0 / 32768, ge=0.0)
-    # BN scales/shifts and biases get no weight decay.
-    decay_bn_and_bias: bool = False
-    # which parameters decay: "default" = all but 1-D ones (see decay_bn_and_bias);
-    # "conv_kernels" = 4-D parameters only (EfficientDet: conv/depthwise/pointwise kernels)
-    decay_params: Literal["default", "conv_kernels"] = "default"
+    # which parameters decay (ppdlx.optim.optimizers.DECAY_PARAMS): all; all_but_bn (NVIDIA's ResNet50: BN
+    # scales/shifts excluded); all_but_1d (timm: BN and biases excluded); conv_kernels (EfficientDet: 4-D only)
+    decay_params: Literal["all", "all_but_bn", "all_but_1d", "conv_kernels"] = "all_but_1d"
     nesterov: bool = False
     grad_clip_norm: Optional[float] = Field(None, gt=0.0)
     # RMSprop (TF style) knobs

@@ -4,7 +4,6 @@ training class list, which evaluation, resume and export check against the class
 (``class_list``)."""
 from __future__ import annotations
 
-import inspect
 import os
 
 from ppdlx.data.loader import build_classification_loader
@@ -28,12 +27,8 @@ def classes_of(loader):
 
 
 def optimizer_groups(cfg, model):
-    """``ppdlx.optim.param_groups`` for this config (whichever optional knobs it takes)."""
-    o = cfg.optimizer
-    kwargs = {}
-    if "decay_params" in inspect.signature(param_groups).parameters and hasattr(o, "decay_params"):
-        kwargs["decay_params"] = o.decay_params
-    return param_groups(model, o.weight_decay, o.decay_bn_and_bias, **kwargs)
+    """``ppdlx.optim.param_groups`` for this config."""
+    return param_groups(model, cfg.optimizer.weight_decay, cfg.optimizer.decay_params)
 
 
 class Classification(Task):
