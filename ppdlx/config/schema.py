@@ -168,7 +168,7 @@ class TransformsConfig(Section):
 
 
 class DaliConfig(Section):
-    device: Literal["cpu", "gpu"] = "cpu"
+    device: Literal["auto", "cpu", "gpu"] = "auto"  # auto: gpu (mixed decoding) where paddle runs on a GPU
     num_threads: int = Field(2, ge=1)
     prefetch_queue_depth: int = Field(2, ge=1)
     # the training batches' dtype (float16 feeds an amp.dtype=float16 run on GPU); validation is float32
@@ -209,6 +209,8 @@ class DataConfig(Section):
     train_split: str = "train"
     val_split: str = "val"
     batch_size: int = Field(256, ge=1)  # per device
+    # a rank's last partial training batch: drop it, or fill it from the start of its share (NVIDIA's DALI)
+    last_batch: Literal["drop", "fill"] = "drop"
     workers: int = Field(4, ge=0)
     transforms: TransformsConfig = Field(default_factory=TransformsConfig)
     dali: DaliConfig = Field(default_factory=DaliConfig)

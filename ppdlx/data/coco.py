@@ -36,5 +36,6 @@ def build_coco_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch
                           f"for synthetic detection data run tools/make_synthetic_coco.py")
     dataset = build_coco_dataset(cfg, split, cat_ids)
     sampler = split_batch_sampler(split == "train", len(dataset), batch_size, rank, world_size, cfg.global_.seed,
-                                  shuffle=data.transforms.random, source=dataset.index.json_path)
+                                  shuffle=data.transforms.random, source=dataset.index.json_path,
+                                  last_batch=data.last_batch)
     return CocoLoader(dataset, sampler, data.workers)

@@ -101,7 +101,7 @@ class DaliCocoLoader(FedDaliLoader, IndexedByCoco):
         records = self.index.records
         batch_size = batch_size or data.batch_size
         sampler = split_batch_sampler(training, len(records), batch_size, rank, world_size, cfg.global_.seed,
-                                      shuffle=self.transforms.random, source=json_path)
+                                      shuffle=self.transforms.random, source=json_path, last_batch=data.last_batch)
         self._setup(cfg, training, [r["path"] for r in records], range(len(records)), sampler, self.image_dir,
                     batch_size, rank)
         self.draws_randomly = training and self.transforms.random
@@ -117,7 +117,7 @@ class DaliCocoLoader(FedDaliLoader, IndexedByCoco):
     def _graph(self):
         t, cc = self.transforms, self.coco_cfg
         return _graph(self._feed, cc.image_size, t.mean, t.std, self.draws_randomly, t.hflip, cc.scale_range,
-                      t.interpolation, self.data_format, self.dali_cfg.device)
+                      t.interpolation, self.data_format, self.dali_device)
 
     def _targets(self, records, geometry):
         s, m = self.coco_cfg.image_size, self.coco_cfg.max_instances

@@ -22,7 +22,7 @@ import numpy as np
 import paddle
 
 from ppdlx.data.dali_feed import EpochFeed, ResumableRandomState, drained
-from ppdlx.data.dali_handover import HeldBatches, dali_device_id
+from ppdlx.data.dali_handover import HeldBatches, check_device, dali_device_id
 from ppdlx.data.loader_common import nothing_readable, report_unreadable
 from ppdlx.errors import DataError
 
@@ -93,6 +93,7 @@ class FedDaliLoader(ResumableRandomState):
 
     def _setup(self, cfg, training: bool, paths, values, sampler, source: str, batch_size: int, rank: int) -> None:
         self.dali_cfg, self.training, self.sampler, self.source = cfg.data.dali, training, sampler, source
+        self.dali_device = check_device(cfg.data.dali.device)  # "cpu" or "gpu"
         self.batch_size, self.rank, self.seed = batch_size, rank, cfg.global_.seed
         self.paths = paths
         self._feed = EpochFeed(paths, values, batch_size)
@@ -132,7 +133,7 @@ class FedDaliLoader(ResumableRandomState):
         c = self.dali_cfg
         seed = (self.seed * 1_000_003 + self.rank * 7_919 + self.epoch * 104_729 + position) % (2 ** 31 - 1)
         return self._built(self._graph, self.draws_randomly, batch_size=self.batch_size, num_threads=c.num_threads,
-                           device_id=dali_device_id(c.device), seed=seed,
+                           device_id=dali_device_id(self.dali_device), seed=seed,
                            prefetch_queue_depth=c.prefetch_queue_depth, exec_dynamic=True)
 
     def __iter__(self):

@@ -19,10 +19,18 @@ from nvidia.dali.backend import TensorListCPU, TensorListGPU
 from ppdlx.errors import UnsupportedError
 
 
-def check_device(dali_device: str) -> None:
-    """Refuse ``data.dali.device=gpu`` unless paddle itself runs on a CUDA device."""
+def resolve_dali_device(setting: str) -> str:
+    """``data.dali.device``: ``auto`` is ``gpu`` where paddle runs on a CUDA device, else ``cpu``."""
+    if setting != "auto":
+        return setting
+    return "gpu" if paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu") else "cpu"
+
+
+def check_device(setting: str) -> str:
+    """The DALI device ``data.dali.device`` gives here; ``gpu`` is refused unless paddle runs on a CUDA device."""
+    dali_device = resolve_dali_device(setting)
     if dali_device != "gpu":
-        return
+        return dali_device
     if not (paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0):
         raise UnsupportedError(
             f"data.dali.device=gpu: this Paddle build has no CUDA device (paddle.is_compiled_with_cuda() is "
@@ -31,6 +39,7 @@ def check_device(dali_device: str) -> None:
         raise UnsupportedError(
             f"data.dali.device=gpu: paddle runs on {paddle.get_device()}, so every GPU batch would be copied "
             f"back; set global.device=gpu or data.dali.device=cpu")
+    return dali_device
 
 
 def dali_device_id(dali_device: str) -> int | None:

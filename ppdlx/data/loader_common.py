@@ -43,12 +43,14 @@ def dali_required():
 
 
 def split_batch_sampler(training: bool, num_samples: int, batch_size: int, rank: int, world_size: int, seed: int,
-                        shuffle: bool, source: str):
-    """Training: full shuffled batches (``ConfigError`` if a rank gets none); val: disjoint shards,
-    every sample once. ``source`` (split directory or annotation file) names the data in the error."""
+                        shuffle: bool, source: str, last_batch: str = "drop"):
+    """Training: full shuffled batches (``ConfigError`` if a rank gets none), the last partial one dropped or
+    filled (``data.last_batch``); val: disjoint shards, every sample once. ``source`` (split directory or
+    annotation file) names the data in the error."""
     if not training:
         return EvalBatchSampler(num_samples, batch_size, rank, world_size)
-    sampler = TrainBatchSampler(num_samples, batch_size, rank, world_size, seed=seed, shuffle=shuffle)
+    sampler = TrainBatchSampler(num_samples, batch_size, rank, world_size, seed=seed, shuffle=shuffle,
+                                fill_last=last_batch == "fill")
     if len(sampler) == 0:
         raise ConfigError(f"data.batch_size={batch_size}: larger than the {num_samples} training images per "
                           f"rank ({source}); lower data.batch_size")
