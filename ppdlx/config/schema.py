@@ -223,7 +223,12 @@ class TrainConfig(Section):
     graph: Literal["dynamic", "static", "to_static"] = "dynamic"
     resume: Optional[str] = None  # "auto", "never" (start over, replacing checkpoints) or a checkpoint path
     accumulate: int = Field(1, ge=1)
+    # Mixup / CutMix on the device, timm's semantics (ppdlx.data.mixing): Beta(alpha, alpha) per step; a step
+    # mixes with mix_prob, CutMix with mix_switch_prob when both alphas are set (timm --mixup-*)
     mixup_alpha: float = Field(0.0, ge=0.0)
+    cutmix_alpha: float = Field(0.0, ge=0.0)
+    mix_prob: float = Field(1.0, ge=0.0, le=1.0)
+    mix_switch_prob: float = Field(0.5, ge=0.0, le=1.0)
     # Stop with an error after this many consecutive non-finite losses.
     max_nonfinite_steps: int = Field(10, ge=1)
     # Cap on optimizer steps per epoch (benchmarks, smoke runs); null = the whole split.

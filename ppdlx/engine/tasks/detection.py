@@ -168,8 +168,9 @@ class Detection(Task):
 
     def validate(self, cfg) -> None:
         super().validate(cfg)
-        if cfg.train.mixup_alpha > 0:
-            raise UnsupportedError("train.mixup_alpha: mixup is classification-only; set train.mixup_alpha=0")
+        if cfg.train.mixup_alpha > 0 or cfg.train.cutmix_alpha > 0:
+            raise UnsupportedError("train.mixup_alpha / train.cutmix_alpha: Mixup and CutMix are classification-only; "
+                                   "set both to 0")
 
     def build_data(self, cfg, rank: int, world: int) -> TaskData:
         train_loader = build_coco_loader(cfg, "train", rank, world)
