@@ -129,7 +129,7 @@ class TransformsConfig(Section):
     interpolation: Optional[Literal["bilinear", "bicubic"]] = None
     # Off for tests that need identical batches across graph modes.
     random: bool = True
-    # timm-style training extras (ppdlx.data.augment; paddle.io path): RandAugment policy, e.g.
+    # timm's training extras (paddle.io: ppdlx.data.augment; DALI: ppdlx.data.dali_augment): RandAugment, e.g.
     # "rand-m9-mstd0.5" (null = off); random erasing probability on the normalised image and its fill
     randaugment: Optional[str] = None
     random_erasing: float = Field(0.0, ge=0.0, le=1.0)

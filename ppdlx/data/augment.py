@@ -1,4 +1,5 @@
-"""timm-semantics RandAugment and random erasing for the paddle.io path, driven by a numpy Generator.
+"""timm-semantics RandAugment and random erasing for the paddle.io path (DALI: ``dali_augment``), from a numpy
+Generator.
 
 Both follow ``timm.data.auto_augment.rand_augment_transform`` / ``timm.data.random_erasing``
 (the recipe of GPUNet / EfficientNet: ``--aa rand-m9-mstd0.5 --reprob 0.2 --remode pixel``);

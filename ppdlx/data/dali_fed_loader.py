@@ -90,6 +90,7 @@ class FedDaliLoader(ResumableRandomState):
     """
 
     draws_randomly = False
+    _staging = None  # the pinned host buffer the last batch's host arrays were copied from (GPU only)
 
     def _setup(self, cfg, training: bool, paths, values, sampler, source: str, batch_size: int, rank: int) -> None:
         self.dali_cfg, self.training, self.sampler, self.source = cfg.data.dali, training, sampler, source
@@ -162,7 +163,7 @@ class FedDaliLoader(ResumableRandomState):
                 position += images
                 done += 1
                 yield batch
-                held.consumed(batch)
+                held.consumed(batch, self._staging)
         except GeneratorExit:
             pass  # the consumer left the pass early; the pipeline is drained below
         held.release_all()  # before DALI runs again (the drain, the next pass) and reuses their memory

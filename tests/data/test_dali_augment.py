@@ -18,8 +18,8 @@ from PIL import Image  # noqa: E402
 
 from ppdlx.config import load_config  # noqa: E402
 from ppdlx.config.randaugment import parse_rand_augment  # noqa: E402
-from ppdlx.data.augment import (_GEOMETRIC, _OPS, RAND_INCREASING_TRANSFORMS, RAND_TRANSFORMS, level_to_arg,  # noqa: E402
-                                rand_augment_ops, random_erasing)
+from ppdlx.data.augment import (_GEOMETRIC, _OPS, RAND_INCREASING_TRANSFORMS, RAND_TRANSFORMS,  # noqa: E402
+                                level_to_arg, rand_augment_ops, random_erasing)
 from ppdlx.data.dali_augment import MAGNITUDE_STEP, erase_random_box, rand_augment  # noqa: E402
 from ppdlx.data.loader import build_classification_loader  # noqa: E402
 from tests.data.test_dali import _cfg, tree  # noqa: E402,F401  (the JPEG tree fixture)
