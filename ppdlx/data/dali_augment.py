@@ -4,9 +4,9 @@ DALI's own ``rand_augment`` applies every sampled op with one fixed magnitude bi
 ``rand-m9-mstd0.5`` (``ppdlx.data.augment``, the paddle.io path) applies each of its ``n`` ops with
 probability ``p`` at a magnitude drawn per op from ``N(m, mstd)`` clipped to ``[0, mmax]``, over its own
 15-op set and level mapping. So this module keeps DALI's operators and its magnitude-bin mechanism
-(``augmentation``: an op's parameter for every bin is computed once and indexed per sample;
-``select``: each sample takes the op its index names, through DALI's conditional execution, so the
-pipeline needs ``enable_conditionals``) and draws what timm draws:
+(``augmentation``: an op's parameter for every bin is computed once and indexed per sample), sends each
+sample through the op its index names with DALI's conditional execution (the pipeline needs
+``enable_conditionals``), and draws what timm draws:
 
 * per image and layer: an op index uniform over the set (with replacement), a coin with probability
   ``p`` that replaces the op by the identity, a magnitude ``N(m, mstd)`` (``U(0, m)`` for ``mstd=inf``)
@@ -54,9 +54,10 @@ def _bins(spec: RandAugmentSpec) -> int:
 @do_not_convert  # AutoGraph converts whatever is defined inside a converted function, do_not_convert or not
 def _unconverted(aug):
     """``aug`` called as plain Python inside ``select``'s branches. Under the pipeline's conditionals AutoGraph
-    converts every function it traces, one transformation per call: an augmentation's per-bin parameter
-    table alone (a call per bin, sign and op) took minutes to build with timm's fine magnitudes. Nothing in
-    an augmentation branches on a DataNode (the branching is ``select``'s), so its call needs no conversion."""
+    converts every function it traces, one transformation per call, and an augmentation's per-bin parameter
+    table is a call per bin, sign and op: with timm's fine magnitudes that made building a pipeline take
+    minutes (``docs/data.md``). Nothing in an augmentation branches on a DataNode (the branching is
+    ``_apply_one``'s), so its call needs no conversion."""
     @do_not_convert
     def call(data, **kwargs):
         return aug(data, **kwargs)
@@ -171,8 +172,9 @@ def rand_augment(images, spec: RandAugmentSpec, op_names, size: int, fill, inter
 
 
 def _apply_one(augmentations, index, images, **kwargs):
-    """Each sample through ``augmentations[index]``: one conditional per op (DALI's ``select`` splits
-    recursively, and AutoGraph transforms each recursive call anew: 5x the pipeline's build time here)."""
+    """Each sample through ``augmentations[index]``: one conditional per op. DALI's ``select`` splits
+    recursively, and AutoGraph transforms each recursive call anew, which dominated building the pipeline
+    (``docs/data.md``)."""
     out = images
     for k, aug in enumerate(augmentations):
         if index == k:

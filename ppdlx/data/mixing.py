@@ -53,6 +53,11 @@ class MixDraw:
 NO_MIX = MixDraw(1.0, 1.0)
 
 
+def image_size(shape, channels_last: bool) -> tuple:
+    """``(height, width)`` of a batch of ``shape`` (NCHW, or NHWC with ``channels_last``)."""
+    return (int(shape[1]), int(shape[2])) if channels_last else (int(shape[2]), int(shape[3]))
+
+
 def draw_mix(spec: MixSpec, seed: int, epoch: int, step: int, height: int, width: int) -> MixDraw:
     """timm's ``_params_per_batch`` and ``cutmix_bbox_and_lam`` for one step."""
     rng = np.random.default_rng([seed, epoch, step, 17])

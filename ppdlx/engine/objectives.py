@@ -1,13 +1,12 @@
 """What a training step minimises, given the model and a batch from the loader."""
 from __future__ import annotations
 
-from ppdlx.data.mixing import MixSpec, draw_mix, mix_batch
+from ppdlx.data.mixing import MixSpec, draw_mix, image_size, mix_batch
 
 
 def mixed(criterion, images, labels, mix: MixSpec, seed: int, epoch: int, step: int, channels_last: bool):
     """Mixup / CutMix of the batch on its device (``ppdlx.data.mixing``): ``(images, soft targets)``."""
-    h_axis = 1 if channels_last else 2
-    draw = draw_mix(mix, seed, epoch, step, int(images.shape[h_axis]), int(images.shape[h_axis + 1]))
+    draw = draw_mix(mix, seed, epoch, step, *image_size(images.shape, channels_last))
     return mix_batch(images, criterion.targets(labels), draw.lam, draw.weight, draw.box, channels_last)
 
 

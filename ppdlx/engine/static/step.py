@@ -19,8 +19,8 @@ from typing import Dict, Optional
 import numpy as np
 import paddle
 
+from ppdlx.data.mixing import MixSpec, draw_mix, image_size
 from ppdlx.engine import dist
-from ppdlx.data.mixing import MixSpec, draw_mix
 from ppdlx.engine.amp import AmpPlan
 from ppdlx.engine.ema import ema_decay
 from ppdlx.engine.static.feed import as_feed, feed_rows, feed_shape
@@ -149,9 +149,8 @@ class StaticProgramStep(Step):
         images, labels = batch[0], batch[1]
         feed = {"images": as_feed(images, "float32"), "labels": as_feed(labels, "int64", flat=True)}
         if self.mix.enabled:  # the dynamic objective's draw: the same Mixup / CutMix per step
-            h_axis = 1 if self.channels_last else 2
-            shape = feed_shape(feed["images"])
-            feed.update(draw_mix(self.mix, self.seed, *self._progress(), shape[h_axis], shape[h_axis + 1]).feed())
+            size = image_size(feed_shape(feed["images"]), self.channels_last)
+            feed.update(draw_mix(self.mix, self.seed, *self._progress(), *size).feed())
         if "apply_now" in self.pr.feeds:
             feed["apply_now"] = np.asarray([last_of_window])
         if "ema_decay" in self.pr.feeds:
