@@ -168,17 +168,18 @@ def onnx_ensemble(out: str, name: str, model_dir: str, meta: dict, options: dict
     pre, net, post = f"{name}_preprocess", f"{name}_network", f"{name}_postprocess"
     meta_file = os.path.join(model_dir, "inference.yml")
 
-    _copy_code(os.path.join(out, pre, "1"), [meta_file])
-    _write(os.path.join(out, pre, "config.pbtxt"), C.model_config(
-        pre, backend="python", max_batch_size=batch, inputs=[files_in], outputs=[image, scale, size],
-        instances=cpu_steps, dynamic_batching=dynamic, parameters=_step_parameters("preprocess", options, meta)))
-
     shape = "x".join(str(d) for d in image.dims)
     profile = {k: f"{image.name}:{b}x{shape}" for k, b in
                (("min", 1), ("opt", max(options["preferred_batch_sizes"] or [batch])), ("max", batch))}
     accelerator = C.tensorrt_accelerator(
         options["precision"], (meta.get("tensorrt") or {}).get("workspace_size_bytes", 1 << 30),
         options.get("trt_cache_dir") or f"/tmp/ppdlx_trt_cache/{name}", profile, options.get("calibration_table"))
+
+    _copy_code(os.path.join(out, pre, "1"), [meta_file])
+    _write(os.path.join(out, pre, "config.pbtxt"), C.model_config(
+        pre, backend="python", max_batch_size=batch, inputs=[files_in], outputs=[image, scale, size],
+        instances=cpu_steps, dynamic_batching=dynamic, parameters=_step_parameters("preprocess", options, meta)))
+
     os.makedirs(os.path.join(out, net, "1"))
     shutil.copy2(onnx_file, os.path.join(out, net, "1", "model.onnx"))
     _write(os.path.join(out, net, "config.pbtxt"), C.model_config(
