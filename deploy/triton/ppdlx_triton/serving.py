@@ -95,7 +95,8 @@ def detection_results(meta: dict, outputs: List[np.ndarray], score_threshold: Op
     return {"boxes": boxes, "scores": scores, "class_ids": classes, "count": count}
 
 
-def results(meta: dict, outputs: List[np.ndarray], topk: int, score_threshold: Optional[float]) -> Dict[str, np.ndarray]:
+def results(meta: dict, outputs: List[np.ndarray], topk: int,
+            score_threshold: Optional[float]) -> Dict[str, np.ndarray]:
     """The served outputs from the network's (``inference.yml`` ``outputs``, boxes within each image)."""
     if meta["model"]["family"] == "classification":
         return classification_results(meta, outputs[0], topk)
