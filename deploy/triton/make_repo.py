@@ -18,7 +18,7 @@ import sys
 
 import _paths  # noqa: F401  (puts ppdlx_triton and ppdlx_deploy on sys.path)
 from ppdlx_deploy.errors import DeployError
-from ppdlx_triton.repository import BACKENDS, DEFAULTS, PREDICTOR_BACKENDS, make_repository
+from ppdlx_triton.repository import BACKENDS, DEFAULTS, NETWORK_RUNTIMES, PREDICTOR_BACKENDS, make_repository
 
 
 def batch_sizes(text: str):
@@ -54,6 +54,9 @@ def parse_args(argv=None):
     p.add_argument("--trt-cache-dir", help="where TensorRT engines are cached on the serving host")
     p.add_argument("--int8-calibration-table", dest="calibration_table",
                    help="onnxruntime --precision int8: a TensorRT calibration table in --trt-cache-dir")
+    p.add_argument("--network-runtime", choices=NETWORK_RUNTIMES, default=DEFAULTS["network_runtime"],
+                   help="onnxruntime: the network step in Triton's ONNX Runtime backend (GPU), or onnxruntime on CPU "
+                        "inside a Python-backend model, for a server without that backend (the nvidia-pytriton wheel's)")
     p.add_argument("--force", action="store_true", help="replace models of the same name in --out")
     return p.parse_args(argv)
 

@@ -85,6 +85,10 @@ def repository(exports, tmp_path_factory):
     repo = str(tmp_path_factory.mktemp("triton_repo"))
     make_repository(exports["rn50"], repo, name="rn50", max_batch_size=4, topk=3, threads=1)
     make_repository(exports["det"], repo, name="det", max_batch_size=4, score_threshold=DET_THRESHOLD, threads=1)
+    # the ONNX route's ensemble, with onnxruntime on CPU in the network step's place (no ONNX Runtime backend here)
+    for model, options in (("rn50", {"topk": 3}), ("det", {"score_threshold": DET_THRESHOLD})):
+        make_repository(exports[model], repo, name=f"{model}_onnx", backend="onnxruntime", network_runtime="python",
+                        max_batch_size=4, threads=1, **options)
     return repo
 
 
@@ -102,8 +106,9 @@ def expected(exports, images):
     """deploy/python/infer.py's answers: ppdlx_deploy's pipeline on the same files, one at a time."""
     answers = {}
     for model, options in (("rn50", {"topk": 3}), ("det", {"score_threshold": DET_THRESHOLD})):
-        pipeline = D.Pipeline.open(exports[model], "paddle-cpu", "fp32", threads=1)
-        answers[model] = [result for _, result in pipeline.predict(images, batch_size=1, **options)]
+        for backend, name in (("paddle-cpu", model), ("onnxruntime", f"{model}_onnx")):
+            pipeline = D.Pipeline.open(exports[model], backend, "fp32", threads=1)
+            answers[name] = [result for _, result in pipeline.predict(images, batch_size=1, **options)]
     assert sum(len(r) for r in answers["det"]) > 0, "the test needs images with detections"
     return answers
 
@@ -140,6 +145,20 @@ def test_served_answers_equal_the_infer_pipeline(server, expected, images, proto
     assert_same_detections([detector.predict([f])[0] for f in files], expected["det"])
     assert_same_detections(detector.predict(files[:3]), expected["det"][:3])
     assert detector.labels == ["circle", "square", "triangle"]
+
+
+@needs_server
+def test_the_onnx_ensemble_answers_like_the_onnxruntime_pipeline(server, expected, images):
+    """The ONNX route's ensemble (pre-processing, the network, NMS/top-k) run by Triton's ensemble scheduler,
+    with onnxruntime on CPU as its network step, against ppdlx_deploy's onnxruntime pipeline."""
+    files = triton_client.read_files(images)
+    classifier = triton_client.ServedModel(server.grpc_url, "grpc", "rn50_onnx")
+    assert_same_classes([classifier.predict([f])[0] for f in files], expected["rn50_onnx"])
+    named = triton_client.parse_classification(classifier.infer_arrays(files[:1], class_count=2)["probabilities"])
+    assert [(c, label) for c, label, _ in named] == [(c, label) for c, label, _ in expected["rn50_onnx"][0][:2]]
+    detector = triton_client.ServedModel(server.http_url, "http", "det_onnx")
+    assert_same_detections([detector.predict([f])[0] for f in files], expected["det_onnx"])
+    assert_same_detections(detector.predict(files[:3]), expected["det_onnx"][:3])
 
 
 @needs_server
@@ -205,39 +224,6 @@ def test_concurrent_clients_are_batched_and_all_answered_right(server, expected,
     images_run = int(after["inference_count"]) - int(before["inference_count"])
     batches_run = int(after["execution_count"]) - int(before["execution_count"])
     assert images_run == len(jobs) and batches_run < images_run  # the dynamic batcher grouped requests
-
-
-@pytest.mark.parametrize("model", ["rn50", "det"])
-def test_ensemble_steps_compute_what_the_onnxruntime_pipeline_does(exports, images, model):
-    """The ensemble's Python steps around the ONNX graph (run here by onnxruntime, as Triton's backend would),
-    against ppdlx_deploy's onnxruntime pipeline on the same files."""
-    from ppdlx_triton.serving import IMAGE_INPUT, PostprocessStep, PreprocessStep, encode_files, split_rows, \
-        step_options
-    meta = D.load_meta(exports[model])
-    options = step_options({"topk": "3", "score_threshold": str(DET_THRESHOLD)})
-    pre, post = PreprocessStep(meta), PostprocessStep(meta, options)
-    files = triton_client.read_files(images)
-    rows = [row for f in files for row in pre.prepare({IMAGE_INPUT: encode_files([f])})]
-    tensors = pre.run(rows)
-    network = D.OnnxPredictor(exports[model], threads=1).run({"image": tensors["image"]})
-    inputs = {**dict(zip(post.graph_outputs, network)), "image_scale": tensors["image_scale"],
-              "image_size": tensors["image_size"]}
-    answers = split_rows(post.run(post.prepare(inputs)), [1] * len(files))
-    pipeline = D.Pipeline.open(exports[model], "onnxruntime", threads=1)
-    if model == "rn50":
-        expected = [r for _, r in pipeline.predict(images, topk=3)]
-        served = [[(int(c), str(c), float(s)) for c, s in zip(a["class_ids"][0], a["scores"][0])] for a in answers]
-        assert [[c for c, *_ in r] for r in served] == [[c for c, *_ in r] for r in expected]
-        assert max(abs(s - e[2]) for r, x in zip(served, expected) for (_, _, s), e in zip(r, x)) <= 1e-5
-    else:
-        expected = [r for _, r in pipeline.predict(images, score_threshold=DET_THRESHOLD)]
-        served = [[(b.tolist(), float(s), int(c), "") for b, s, c in
-                   zip(a["boxes"][0], a["scores"][0], a["class_ids"][0])] for a in answers]
-        assert [len(r) for r in served] == [len(r) for r in expected] and sum(map(len, expected)) > 0
-        for got, ref in zip(served, expected):
-            if ref:
-                assert [c for *_, c, _ in got] == [c for *_, c, _ in ref]
-                assert np.abs(np.array([b for b, *_ in got]) - np.array([b for b, *_ in ref])).max() <= 1e-2
 
 
 def parsed_config(path):

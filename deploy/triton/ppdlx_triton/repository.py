@@ -12,6 +12,7 @@ call by the same name with the same tensors::
 
     REPO/NAME_preprocess/   image files -> the network's input (+ scale and size of each image)
     REPO/NAME_network/      1/model.onnx, onnxruntime + TensorRT fp32/fp16/int8, dynamic batching
+                            (``--network-runtime python``: onnxruntime on CPU in a Python-backend model)
     REPO/NAME_postprocess/  NMS (detector), clipping, top-k -> the served outputs
     REPO/NAME/              the ensemble of the three
 """
@@ -31,6 +32,9 @@ from .serving import IMAGE_INPUT, IMAGE_SIZE, onnx_outputs, pack_labels, result_
 
 BACKENDS = ("python", "onnxruntime")
 PREDICTOR_BACKENDS = ("paddle-cpu", "paddle-gpu", "trt")
+# The ONNX route's network step: Triton's ONNX Runtime backend (GPU, TensorRT), or onnxruntime inside a
+# Python-backend model on CPU, for a server without that backend (the nvidia-pytriton wheel's).
+NETWORK_RUNTIMES = ("triton", "python")
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 DEPLOY_PACKAGE_DIR = os.path.dirname(os.path.abspath(ppdlx_deploy.__file__))
 LABELS_FILE = "labels.txt"
@@ -116,6 +120,8 @@ def check_options(meta: dict, options: dict) -> None:
             raise DeployError(f"--{key.replace('_', '-')} {options[key]}: must be 1 or more")
     if options["queue_delay_us"] < 0:
         raise DeployError(f"--queue-delay-us {options['queue_delay_us']}: must be 0 or more")
+    if options["network_runtime"] not in NETWORK_RUNTIMES:
+        raise DeployError(f"--network-runtime {options['network_runtime']}: choose {' or '.join(NETWORK_RUNTIMES)}")
     if options["backend"] not in BACKENDS:
         raise DeployError(f"--backend {options['backend']}: choose {' or '.join(BACKENDS)}")
     if options["predictor_backend"] not in PREDICTOR_BACKENDS:
@@ -171,7 +177,7 @@ def onnx_ensemble(out: str, name: str, model_dir: str, meta: dict, options: dict
     shape = "x".join(str(d) for d in image.dims)
     profile = {k: f"{image.name}:{b}x{shape}" for k, b in
                (("min", 1), ("opt", max(options["preferred_batch_sizes"] or [batch])), ("max", batch))}
-    accelerator = C.tensorrt_accelerator(
+    accelerator = None if options["network_runtime"] == "python" else C.tensorrt_accelerator(
         options["precision"], (meta.get("tensorrt") or {}).get("workspace_size_bytes", 1 << 30),
         options.get("trt_cache_dir") or f"/tmp/ppdlx_trt_cache/{name}", profile, options.get("calibration_table"))
 
@@ -180,13 +186,23 @@ def onnx_ensemble(out: str, name: str, model_dir: str, meta: dict, options: dict
         pre, backend="python", max_batch_size=batch, inputs=[files_in], outputs=[image, scale, size],
         instances=cpu_steps, dynamic_batching=dynamic, parameters=_step_parameters("preprocess", options, meta)))
 
-    os.makedirs(os.path.join(out, net, "1"))
-    shutil.copy2(onnx_file, os.path.join(out, net, "1", "model.onnx"))
-    _write(os.path.join(out, net, "config.pbtxt"), C.model_config(
-        net, backend="onnxruntime", max_batch_size=batch, inputs=net_inputs, outputs=net_outputs,
-        instances=("KIND_GPU", options["instances"]), dynamic_batching=dynamic, extra=[accelerator]))
+    if options["network_runtime"] == "python":  # onnxruntime inside a Python-backend model, on CPU
+        _copy_code(os.path.join(out, net, "1"), [meta_file, onnx_file])
+        network = C.model_config(
+            net, backend="python", max_batch_size=batch, inputs=net_inputs, outputs=net_outputs,
+            instances=cpu_steps, dynamic_batching=dynamic,
+            parameters={"role": "network", **({"threads": str(options["threads"])} if options["threads"] else {}),
+                        "instance_count": str(options["instances"])})
+    else:
+        os.makedirs(os.path.join(out, net, "1"))
+        shutil.copy2(onnx_file, os.path.join(out, net, "1", "model.onnx"))
+        network = C.model_config(
+            net, backend="onnxruntime", max_batch_size=batch, inputs=net_inputs, outputs=net_outputs,
+            instances=("KIND_GPU", options["instances"]), dynamic_batching=dynamic, extra=[accelerator])
+    _write(os.path.join(out, net, "config.pbtxt"), network)
 
     _copy_code(os.path.join(out, post, "1"), [meta_file])
+    _write_labels(os.path.join(out, post), meta)  # its probabilities output names the classes too
     _write(os.path.join(out, post, "config.pbtxt"), C.model_config(
         post, backend="python", max_batch_size=batch, inputs=[*net_outputs, scale, size], outputs=results,
         instances=cpu_steps, dynamic_batching=dynamic, parameters=_step_parameters("postprocess", options, meta)))
@@ -205,7 +221,8 @@ def onnx_ensemble(out: str, name: str, model_dir: str, meta: dict, options: dict
 
 DEFAULTS = {"backend": "python", "max_batch_size": 8, "instances": 1, "preferred_batch_sizes": None,
             "queue_delay_us": 2000, "predictor_backend": "paddle-cpu", "precision": "fp32", "threads": None,
-            "topk": 5, "score_threshold": None, "trt_cache_dir": None, "calibration_table": None}
+            "topk": 5, "score_threshold": None, "trt_cache_dir": None, "calibration_table": None,
+            "network_runtime": "triton"}
 
 
 def make_repository(model_dir: str, out: str, name: Optional[str] = None, force: bool = False,

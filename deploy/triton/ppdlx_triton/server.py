@@ -148,7 +148,7 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise DeployError(f"tritonserver exited with code {self.process.returncode} while loading "
-                                  f"{self.repository}: {self.log_tail()}")
+                                  f"{self.repository}: {self.load_failures() or self.log_tail()}")
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
                     if response.status == 200:
@@ -158,6 +158,15 @@ class TritonServer:
             time.sleep(0.3)
         self.stop()
         raise DeployError(f"tritonserver not ready after {self.start_timeout:.0f} s: {self.log_tail()}")
+
+    def load_failures(self, lines: int = 3) -> str:
+        """The server log's first lines saying why a model did not load."""
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                failed = [line.strip() for line in f if "failed to load '" in line and line.startswith("E")]
+        except OSError:
+            return ""
+        return " | ".join(failed[:lines])
 
     def log_tail(self, lines: int = 6) -> str:
         try:

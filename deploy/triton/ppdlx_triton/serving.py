@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
-from ppdlx_deploy import Pipeline, Preprocessor, default_threads, postprocess
+from ppdlx_deploy import OnnxPredictor, Pipeline, Preprocessor, default_threads, postprocess
 from ppdlx_deploy.errors import DeployError
 from ppdlx_deploy.postprocess import clip_to_images, complete_outputs, softmax, topk_classes
 
@@ -38,7 +38,7 @@ CLASSIFICATION_OUTPUTS = ("class_ids", "scores", "probabilities")
 DETECTION_OUTPUTS = ("boxes", "scores", "class_ids", "count")
 # Between the steps of the ONNX ensemble: the original (width, height) of each image, for clipping.
 IMAGE_SIZE = "image_size"
-ROLES = ("pipeline", "preprocess", "postprocess")
+ROLES = ("pipeline", "preprocess", "network", "postprocess")
 
 
 def result_names(meta: dict) -> Tuple[str, ...]:
@@ -167,6 +167,25 @@ class PreprocessStep:
                 IMAGE_SIZE: np.asarray([img.size for img in images], np.int32)}
 
 
+class NetworkStep:
+    """Role ``network``: the ONNX graph alone, by onnxruntime on CPU (``ppdlx_deploy.OnnxPredictor``), in
+    the ensemble's place of Triton's ONNX Runtime backend where a server has none (the nvidia-pytriton
+    wheel's): same tensors in and out, so the ensemble around it is the one a GPU server runs."""
+
+    def __init__(self, model_dir: str, meta: dict, options: dict):
+        self.predictor = OnnxPredictor(model_dir, threads=options["predictor"]["threads"], meta=meta)
+        self.input_names = tuple(self.predictor.input_names)
+        self.output_names = tuple(o["name"] for o in onnx_outputs(meta))
+
+    def prepare(self, inputs: Dict[str, np.ndarray]) -> List[Dict[str, np.ndarray]]:
+        rows = len(inputs[self.input_names[0]])
+        return [{name: np.asarray(inputs[name][i]) for name in self.input_names} for i in range(rows)]
+
+    def run(self, rows: List[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
+        feeds = {name: np.stack([row[name] for row in rows]) for name in self.input_names}
+        return dict(zip(self.output_names, self.predictor.run(feeds)))
+
+
 class PostprocessStep:
     """Role ``postprocess`` (last step of the ONNX ensemble): the ONNX graph's outputs to results, with
     ppdlx_deploy's NMS for a detector (its ONNX graph stops before NMS) and the same clipping and
@@ -224,6 +243,8 @@ def make_step(role: str, model_dir: str, meta: dict, options: dict):
         return PipelineStep(model_dir, options)
     if role == "preprocess":
         return PreprocessStep(meta)
+    if role == "network":
+        return NetworkStep(model_dir, meta, options)
     if role == "postprocess":
         return PostprocessStep(meta, options)
     raise DeployError(f"model-config parameter role {role!r}: expected one of {', '.join(ROLES)}")
