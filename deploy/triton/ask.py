@@ -20,8 +20,9 @@ def main(argv=None) -> int:
     p.add_argument("--input", required=True, help="an image or a directory of images")
     p.add_argument("--topk", type=int, help="classification: at most this many classes per image")
     args = p.parse_args(argv)
-    for path, result in ask(args.url, args.protocol, args.model, list_images(args.input), args.topk):
-        if result and len(result[0]) == 3:
+    family, answers = ask(args.url, args.protocol, args.model, list_images(args.input), args.topk)
+    for path, result in answers:
+        if family == "classification":
             print(f"{path}: " + ", ".join(f"{label} (id {c}) {s:.4f}" for c, label, s in result))
         else:
             print(f"{path}: {len(result)} detections" + "".join(

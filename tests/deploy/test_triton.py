@@ -334,3 +334,30 @@ def test_make_repo_refusals_are_one_line(exports, tmp_path):
     assert code == 2 and len(lines) == 1 and "--int8-calibration-table" in lines[0]
     code, lines = run("--model-dir", exports["rn50"], "--out", repo, "--name", "z", "--max-batch-size", "0")
     assert code == 2 and len(lines) == 1 and "--max-batch-size 0" in lines[0]
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("--concurrency", "0,2", "--concurrency 0,2: give positive integers"),
+    ("--requests", "4", "--requests 4: at least the largest concurrency (16)"),
+    ("--instances", "0", "--instances 0: must be 1 or more")])
+def test_serve_benchmark_refuses_counts_that_measure_nothing_in_one_line(option, value, message):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "benchmark.py"), "serve", "-c",
+                           os.path.join(ROOT, "configs", "demo", "rn50_demo.yaml"), option, value],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+
+
+def test_deploy_triton_runs_without_ppdlx():
+    """deploy/ runs without ppdlx: no module of deploy/triton imports it (optional packages are imported
+    inside functions: tritonclient in the client, triton_python_backend_utils only inside Triton)."""
+    import ast
+    offenders = []
+    for path in glob.glob(os.path.join(TRITON_DIR, "**", "*.py"), recursive=True):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{path}: {n}" for n in names if n == "ppdlx" or n.startswith("ppdlx.")]
+    assert glob.glob(os.path.join(TRITON_DIR, "ppdlx_triton", "*.py")) and not offenders, offenders

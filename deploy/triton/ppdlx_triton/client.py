@@ -94,11 +94,11 @@ def parse_classification(entries: np.ndarray) -> List[tuple]:
     return out
 
 
-def ask(url: str, protocol: str, model: str, paths: Sequence[str], topk: Optional[int] = None) -> List[tuple]:
-    """``[(path, results)]`` for image files: one request per file."""
+def ask(url: str, protocol: str, model: str, paths: Sequence[str], topk: Optional[int] = None) -> tuple:
+    """``(family, [(path, results)])`` for image files: one request per file."""
     served = ServedModel(url, protocol, model)
     try:
         answers = [(path, served.predict([data])[0]) for path, data in zip(paths, read_files(paths))]
     finally:
         served.close()
-    return [(path, result[:topk] if topk else result) for path, result in answers]
+    return served.family, [(path, result[:topk] if topk else result) for path, result in answers]
