@@ -4,11 +4,9 @@
     python deploy/triton/ask.py --url 127.0.0.1:8001 --protocol grpc --model resnet50 --input photos/
 """
 import argparse
-import sys
 
-import _paths  # noqa: F401  (puts ppdlx_triton and ppdlx_deploy on sys.path)
+from _cli import run  # first: puts ppdlx_triton and ppdlx_deploy on sys.path
 from ppdlx_deploy import list_images
-from ppdlx_deploy.errors import DeployError
 from ppdlx_triton.client import PROTOCOLS, ask
 
 
@@ -31,8 +29,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except DeployError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
+    run(main)

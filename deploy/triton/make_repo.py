@@ -14,10 +14,8 @@ post-processing steps, as one ensemble. Either way clients send encoded image fi
 image_bytes) and get top-k classes or boxes back (deploy/README.md, "Triton").
 """
 import argparse
-import sys
 
-import _paths  # noqa: F401  (puts ppdlx_triton and ppdlx_deploy on sys.path)
-from ppdlx_deploy.errors import DeployError
+from _cli import run  # first: puts ppdlx_triton and ppdlx_deploy on sys.path
 from ppdlx_triton.repository import BACKENDS, DEFAULTS, NETWORK_RUNTIMES, PREDICTOR_BACKENDS, make_repository
 
 
@@ -55,8 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--int8-calibration-table", dest="calibration_table",
                    help="onnxruntime --precision int8: a TensorRT calibration table in --trt-cache-dir")
     p.add_argument("--network-runtime", choices=NETWORK_RUNTIMES, default=DEFAULTS["network_runtime"],
-                   help="onnxruntime: the network step in Triton's ONNX Runtime backend (GPU), or onnxruntime on CPU "
-                        "inside a Python-backend model, for a server without that backend (the nvidia-pytriton wheel's)")
+                   help="onnxruntime: the network step in Triton's ONNX Runtime backend (GPU), or onnxruntime on "
+                        "CPU inside a Python-backend model, for a server without that backend (the nvidia-pytriton "
+                        "wheel's)")
     p.add_argument("--force", action="store_true", help="replace models of the same name in --out")
     return p.parse_args(argv)
 
@@ -71,8 +70,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except DeployError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
+    run(main)

@@ -10,10 +10,9 @@ host use NVIDIA's server image instead (deploy/README.md, "Triton").
 """
 import argparse
 import signal
-import sys
 import threading
 
-import _paths  # noqa: F401  (puts ppdlx_triton and ppdlx_deploy on sys.path)
+from _cli import run  # first: puts ppdlx_triton and ppdlx_deploy on sys.path
 from ppdlx_deploy.errors import DeployError
 from ppdlx_triton.server import TritonServer
 
@@ -39,8 +38,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except DeployError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
+    run(main)
