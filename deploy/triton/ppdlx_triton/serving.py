@@ -56,7 +56,7 @@ def decode_images(rows: np.ndarray) -> List[Image.Image]:
         try:
             with Image.open(io.BytesIO(row.tobytes())) as img:
                 images.append(img.convert("RGB"))
-        except (OSError, ValueError, SyntaxError) as err:
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
             raise DeployError(f"{IMAGE_INPUT} row {index}: cannot read image ({err})") from None
     return images
 
