@@ -233,7 +233,10 @@ def runtime_installed(backend: str) -> bool:
     """Whether the package that runs ``backend`` on CPU can be imported here (found, not imported:
     a runtime's libraries and threads load only in the process that runs it)."""
     package = {"paddle-cpu": "paddle", "onnxruntime": "onnxruntime", "openvino": "openvino"}[backend]
-    return importlib.util.find_spec(package) is not None
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a finder that refuses the name: absent all the same
+        return False
 
 
 def check_backend_available(backend: str) -> None:

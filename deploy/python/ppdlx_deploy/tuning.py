@@ -9,7 +9,8 @@ bf16 only on a CPU with bf16 hardware. A candidate whose case failed the export'
 (``inference.yml`` ``verify:``) is not run at all. Each candidate runs in its own fresh worker
 process (:mod:`ppdlx_deploy.workers`), on the same random batch; after the first round, a candidate
 whose outputs differ from the reference's (paddle-cpu fp32 with the default plan: the program the
-export checked against the trained model) by more than the export check's tolerance is rejected, and
+export checked against the trained model) by more than the export check's tolerance
+(:mod:`ppdlx_deploy.agreement`) is rejected, and
 only candidates within :data:`KEEP_WITHIN` of the fastest run the remaining rounds, alternated. The
 lowest median of the per-round medians wins. The decision is cached with the facts it was made on
 (:mod:`ppdlx_deploy.decision_cache`) and the predictor's first note says in one line what was chosen
@@ -23,6 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .agreement import disagreement
 from .cpu import cpu_features, has_bf16
 from .decision_cache import (cache_path, cached_decision, decision_facts, export_digest, runtime_versions,
                              store_decision)
@@ -33,9 +35,6 @@ from .timing import alternating_order, spread
 from .workers import WorkerError, run_in_worker
 
 REFERENCE = "paddle-cpu fp32 default"
-# inference.yml export_check may record the tolerance the export was checked with; these are
-# tools/export_model.py's defaults (--atol, --rtol).
-EXPORT_ATOL, EXPORT_RTOL = 1e-4, 1e-4
 # After the first round, candidates slower than this times the fastest are not measured further.
 KEEP_WITHIN = 1.10
 
@@ -125,26 +124,6 @@ def runtime_candidates(model_dir: str, meta: dict, files: dict, precision: str, 
     return out, skipped
 
 
-def output_tolerance(meta: dict, reference: Sequence[dict]) -> List[float]:
-    """Per output, the largest difference from the reference allowed to another fp32 runtime: each of
-    the two may be ``atol + rtol x max|output|`` from the trained model (the export check), so twice that."""
-    check = meta.get("export_check") or {}
-    atol, rtol = float(check.get("atol", EXPORT_ATOL)), float(check.get("rtol", EXPORT_RTOL))
-    return [2.0 * (atol + rtol * float(np.max(np.abs(o["values"])) if o["values"] else 0.0)) for o in reference]
-
-
-def disagreement(meta: dict, reference: Sequence[dict], outputs: Sequence[dict]) -> Optional[str]:
-    """Why ``outputs`` (a worker's ``output_values``) do not pass for the reference's, or None."""
-    if [o["shape"] for o in outputs] != [o["shape"] for o in reference]:
-        return f"output shapes {[o['shape'] for o in outputs]} differ from {[o['shape'] for o in reference]}"
-    for index, (ref, out, limit) in enumerate(zip(reference, outputs, output_tolerance(meta, reference))):
-        a, b = np.asarray(out["values"], np.float64), np.asarray(ref["values"], np.float64)
-        diff = float(np.max(np.abs(a - b))) if a.size else 0.0
-        if not np.isfinite(a).all() or diff > limit:
-            return f"output {index} differs from {REFERENCE}'s by {diff:.3g} > {limit:.3g}"
-    return None
-
-
 def measure(model_dir: str, candidates: List[dict], meta: dict, *, threads: int, batch_size: int, rounds: int,
             warmup: int, steps: int, check_outputs: bool,
             progress: Optional[Callable[[str], None]] = None) -> dict:
@@ -182,7 +161,7 @@ def measure(model_dir: str, candidates: List[dict], meta: dict, *, threads: int,
         for name, reply in first.items():
             if by_name[name]["precision"] == "fp32" and name != REFERENCE:
                 why = disagreement(meta, reference["output_values"][str(batch_size)],
-                                   reply["output_values"][str(batch_size)])
+                                   reply["output_values"][str(batch_size)], REFERENCE)
                 if why:
                     rejected[name] = why
     eligible = [n for n in medians if n not in rejected]

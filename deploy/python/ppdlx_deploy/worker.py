@@ -22,8 +22,8 @@ from .pipeline import Pipeline
 from .timing import synthetic_feeds, time_networks
 from .workers import REPLY_PREFIX, WORKER_LOG_ENV
 
-# Enough of each output to compare runtimes (ResNet50's logits: all of them).
-COMPARED_OUTPUT_VALUES = 4096
+# Enough of each output to compare runtimes (ResNet50's logits and a detector's outputs at batch 16: all).
+COMPARED_OUTPUT_VALUES = 16384
 RUNTIME_MODULES = ("paddle", "onnxruntime", "openvino", "numpy")
 
 
