@@ -13,28 +13,12 @@ import numpy as np
 import pytest
 
 from ppdlx.benchmarks.infer import load_deploy_module
-from ppdlx.config import load_config
-from ppdlx.export import export_model
 
 D = load_deploy_module()
 DEPLOY_PY = os.path.dirname(os.path.dirname(os.path.abspath(D.__file__)))
 AMD_AVX2 = {"vendor": "AuthenticAMD", "model_name": "AMD EPYC (sample)", "flags": ["avx2", "fma"]}
 QUICK = dict(threads=1, batch_size=2, rounds=1, warmup=1, steps=2, features=AMD_AVX2)
 TWO_RUNTIMES = ("paddle-cpu", "onnxruntime")
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory):
-    """A tiny ResNet exported twice from the same weights, with ONNX: PIR (.json) and legacy (.pdmodel)."""
-    base = tmp_path_factory.mktemp("auto_backend")
-    dirs = {}
-    for fmt in ("pir", "program"):
-        cfg = load_config(None, ["model.name=resnet18_bottleneck_tiny", "model.num_classes=3",
-                                 "data.transforms.crop_size=32", "data.transforms.resize_short=36",
-                                 "data.root=/nonexistent", "global.seed=11"])
-        dirs[fmt] = str(base / fmt)
-        export_model(cfg, output_dir=dirs[fmt], onnx=True, fmt=fmt, check_batch_sizes=(1,))
-    return dirs
 
 
 def _workers(log):

@@ -7,8 +7,6 @@ import numpy as np
 import pytest
 
 from ppdlx.benchmarks.infer import load_deploy_module
-from ppdlx.config import load_config
-from ppdlx.export import export_model
 
 D = load_deploy_module()
 INTEL_BF16 = {"vendor": "GenuineIntel", "model_name": "Intel Xeon (sample)",
@@ -73,19 +71,6 @@ def test_bf16_and_int8_are_offered_by_detected_features(tmp_path):
     assert not any("VNNI" in n for n in vnni["notes"])
     with pytest.raises(D.UnsupportedError, match="^--backend trt --precision auto: auto is offered for paddle-cpu"):
         D.build_plan({}, files, "trt", "auto")
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory):
-    base = tmp_path_factory.mktemp("cpu_plan")
-    dirs = {}
-    for fmt in ("program", "pir"):
-        cfg = load_config(None, ["model.name=resnet18_bottleneck_tiny", "model.num_classes=3",
-                                 "data.transforms.crop_size=32", "data.transforms.resize_short=36",
-                                 "data.root=/nonexistent", "global.seed=7"])
-        dirs[fmt] = str(base / fmt)
-        export_model(cfg, output_dir=dirs[fmt], onnx=True, fmt=fmt, check_batch_sizes=(1,))
-    return dirs
 
 
 @pytest.mark.parametrize("fmt", ["program", "pir"])

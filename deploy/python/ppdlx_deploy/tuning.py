@@ -7,12 +7,11 @@ variants of :data:`ppdlx_deploy.plan.CPU_VARIANTS` that apply to the export form
 OpenVINO when installed and the export has a file they read (a missing one is skipped with one line),
 bf16 only on a CPU with bf16 hardware. A candidate whose case failed the export's ``--verify``
 (``inference.yml`` ``verify:``) is not run at all. Each candidate runs in its own fresh worker
-process (:mod:`ppdlx_deploy.workers`), on the same random batch; after the first round, a candidate
-whose outputs differ from the reference's (paddle-cpu fp32 with the default plan: the program the
-export checked against the trained model) by more than the export check's tolerance
-(:mod:`ppdlx_deploy.agreement`) is rejected, and
-only candidates within :data:`KEEP_WITHIN` of the fastest run the remaining rounds, alternated. The
-lowest median of the per-round medians wins. The decision is cached with the facts it was made on
+process (:mod:`ppdlx_deploy.workers`), on the same random batch, alternated over rounds. After two
+rounds, a candidate whose outputs differ from the reference's (paddle-cpu fp32 with the default plan:
+the program the export checked against the trained model) by more than the export check's tolerance
+(:mod:`ppdlx_deploy.agreement`) is rejected, and only candidates within :data:`KEEP_WITHIN` of the
+fastest run the remaining rounds. The lowest median of the per-round medians wins. The decision is cached with the facts it was made on
 (:mod:`ppdlx_deploy.decision_cache`) and the predictor's first note says in one line what was chosen
 and why.
 """
@@ -35,7 +34,9 @@ from .timing import alternating_order, spread
 from .workers import WorkerError, run_in_worker
 
 REFERENCE = "paddle-cpu fp32 default"
-# After the first round, candidates slower than this times the fastest are not measured further.
+# After PRUNE_AFTER rounds of every candidate, those whose median is slower than KEEP_WITHIN times the
+# fastest's are not measured further (one round alone is too noisy on a shared machine to prune on).
+PRUNE_AFTER = 2
 KEEP_WITHIN = 1.10
 
 
@@ -127,8 +128,9 @@ def runtime_candidates(model_dir: str, meta: dict, files: dict, precision: str, 
 def measure(model_dir: str, candidates: List[dict], meta: dict, *, threads: int, batch_size: int, rounds: int,
             warmup: int, steps: int, check_outputs: bool,
             progress: Optional[Callable[[str], None]] = None) -> dict:
-    """Round 1: every candidate in its own worker; then the rejection and :data:`KEEP_WITHIN` rule;
-    rounds 2..: the rest, alternated. Returns per candidate its round medians, and the rejected."""
+    """Rounds 1-2 (:data:`PRUNE_AFTER`): every candidate in its own worker, alternated; then the rejection
+    of disagreeing outputs and the :data:`KEEP_WITHIN` rule; the remaining rounds: the rest. Returns per
+    candidate its round medians, and the rejected."""
     def run(c: dict, round_index: int) -> Optional[dict]:
         spec = {"model_dir": model_dir, "backend": c["backend"], "precision": c["precision"], "threads": threads,
                 "options": c["options"], "batch_sizes": [batch_size], "warmup": warmup, "steps": steps}
@@ -146,16 +148,25 @@ def measure(model_dir: str, candidates: List[dict], meta: dict, *, threads: int,
             return None
 
     by_name = {c["name"]: c for c in candidates}
-    medians: Dict[str, List[float]] = {}
+    medians: Dict[str, List[float]] = {c["name"]: [] for c in candidates}
     rejected: Dict[str, str] = {}
-    first = {}
+    first: Dict[str, dict] = {}
     workers = 0
-    for c in candidates:
-        reply = run(c, 0)
-        workers += 1
-        if reply is not None:
-            first[c["name"]] = reply
-            medians[c["name"]] = [float(np.median(reply["times_s"][str(batch_size)])) * 1000.0]
+
+    def run_round(names: List[str], r: int) -> None:
+        nonlocal workers
+        for name in names:
+            if name in rejected:
+                continue
+            reply = run(by_name[name], r)
+            workers += 1
+            if reply is not None:
+                first.setdefault(name, reply)
+                medians[name].append(float(np.median(reply["times_s"][str(batch_size)])) * 1000.0)
+
+    order = alternating_order([c["name"] for c in candidates], rounds)
+    for r in range(min(PRUNE_AFTER, rounds)):
+        run_round(order[r], r)
     reference = first.get(REFERENCE)
     if check_outputs and reference is not None:
         for name, reply in first.items():
@@ -164,23 +175,19 @@ def measure(model_dir: str, candidates: List[dict], meta: dict, *, threads: int,
                                    reply["output_values"][str(batch_size)], REFERENCE)
                 if why:
                     rejected[name] = why
-    eligible = [n for n in medians if n not in rejected]
+    eligible = [n for n in medians if medians[n] and n not in rejected]
     if not eligible:
         raise DeployError("--backend auto: every candidate failed (" + "; ".join(f"{n}: {r}" for n, r in
                                                                                rejected.items()) + ")")
-    best = min(medians[n][0] for n in eligible)
-    survivors = [n for n in eligible if medians[n][0] <= KEEP_WITHIN * best]
-    later_rounds = alternating_order(survivors, rounds)[1:] if len(survivors) > 1 else []
-    for r, order in enumerate(later_rounds, start=1):
-        for name in order:
-            reply = run(by_name[name], r)
-            workers += 1
-            if reply is not None:
-                medians[name].append(float(np.median(reply["times_s"][str(batch_size)])) * 1000.0)
+    best = min(float(np.median(medians[n])) for n in eligible)
+    survivors = [n for n in eligible if float(np.median(medians[n])) <= KEEP_WITHIN * best]
+    for r in range(PRUNE_AFTER, rounds):
+        run_round([n for n in order[r] if n in survivors] if len(survivors) > 1 else [], r)
     eligible = [n for n in eligible if n not in rejected]
     return {"medians": {n: spread(medians[n])["median"] for n in eligible}, "round_medians": medians,
             "survivors": [n for n in survivors if n in eligible], "rejected": rejected, "workers": workers,
             "reference": REFERENCE if reference is not None else None,
+            "outputs_compared": bool(check_outputs and reference is not None),
             "engines": {n: first[n].get("engine") for n in first}}
 
 
@@ -192,7 +199,7 @@ def _decide(kind: str, model_dir: str, meta: dict, files: dict, candidates: List
     versions = runtime_versions() if versions is None else versions
     facts = decision_facts(kind, features, versions, threads, batch_size, export_digest(model_dir, meta, files),
                            [c["name"] for c in candidates], {"rounds": rounds, "warmup": warmup, "steps": steps,
-                                                              "keep_within": KEEP_WITHIN})
+                                                              "keep_within": KEEP_WITHIN, "prune_after": PRUNE_AFTER})
     entry = cached_decision(path, facts)
     cached = entry is not None
     if not cached:
@@ -201,7 +208,10 @@ def _decide(kind: str, model_dir: str, meta: dict, files: dict, candidates: List
                      f"threads (cached in {path})")
         result = measure(model_dir, candidates, meta, threads=threads, batch_size=batch_size, rounds=rounds,
                          warmup=warmup, steps=steps, check_outputs=check_outputs, progress=progress)
-        chosen = min(result["medians"], key=lambda n: result["medians"][n])
+        if not result["survivors"]:
+            raise DeployError(f"{kind}: every candidate failed (" + "; ".join(f"{n}: {r}" for n, r in
+                                                                             result["rejected"].items()) + ")")
+        chosen = min(result["survivors"], key=lambda n: result["medians"][n])  # measured in every round
         entry = {"chosen": chosen, "spec": next(c for c in candidates if c["name"] == chosen), "skipped": skipped,
                  "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": features.get("model_name"), **result}
         store_decision(path, facts, entry)
@@ -220,6 +230,8 @@ def decision_line(kind: str, entry: dict, batch_size: int, threads: int) -> str:
         parts.append("rejected: " + ", ".join(f"{n} ({why})" for n, why in entry["rejected"].items()))
     if entry["skipped"]:
         parts.append("skipped: " + ", ".join(entry["skipped"]))
+    if entry.get("outputs_compared") is False and kind == "backend auto":
+        parts.append(f"outputs not compared ({REFERENCE} did not run)")
     parts.append(f"{'cached from ' if entry['cached'] else ''}{rounds} round(s) in separate processes on "
                  f"{entry['cpu']} at {entry['measured']} ({entry['cache_file']})")
     return "; ".join(parts)
