@@ -5,9 +5,10 @@ ONNX file, and its ``--verify`` record) and the candidates with the measuring se
 reused only while every fact is the same; any change is another key, so it is measured again.
 
 The cache is one JSON file, ``~/.cache/ppdlx_deploy/cpu_plans.json`` (``$PPDLX_DEPLOY_CACHE`` moves
-its folder), written whole through a temporary file and a rename."""
+its folder), written whole through a temporary file and a rename, under a lock."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -91,10 +92,14 @@ def cached_decision(path: str, facts: dict) -> Optional[dict]:
 
 
 def store_decision(path: str, facts: dict, entry: dict) -> None:
-    cache = load_cache(path)
-    cache[decision_key(facts)] = dict(entry, facts=facts)
+    """Add one decision. Read, added to and written under an exclusive lock (``path.lock``): processes
+    deciding at the same time (a server's model instances) keep each other's entries."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(cache, f, indent=1)
-    os.replace(tmp, path)
+    with open(f"{path}.lock", "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cache = load_cache(path)
+        cache[decision_key(facts)] = dict(entry, facts=facts)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(cache, f, indent=1)
+        os.replace(tmp, path)
