@@ -51,6 +51,24 @@ def test_ratio_statistics_from_known_per_round_times():
         D.ratio_stats([1.0, 2.0], [1.0])
 
 
+def test_the_default_deployment_is_compared_with_the_fastest_runtime_by_its_median():
+    """auto over the runtime with the lowest median, round by round; not over each round's least time,
+    which two equally fast runtimes with noise would push below either of them."""
+    from ppdlx.benchmarks.infer_runtimes import vs_fastest
+    replies = {"paddle-cpu fp32": [_reply([30], [0.0]), _reply([30], [0.0]), _reply([30], [0.0])],
+               "onnxruntime fp32": [_reply([10], [0.0]), _reply([12], [0.0]), _reply([10], [0.0])],
+               "openvino fp32": [_reply([12], [0.0]), _reply([10], [0.0]), _reply([11], [0.0])],
+               "auto fp32": [_reply([10], [0.0]), _reply([12], [0.0]), _reply([11], [0.0])]}
+    (auto,) = vs_fastest(D, replies, "auto fp32", [1])
+    assert auto["reference"] == "onnxruntime fp32" and auto["fastest_of"] == ["paddle-cpu fp32", "onnxruntime fp32",
+                                                                             "openvino fp32"]
+    assert auto["per_round"] == pytest.approx([1.0, 1.0, 1.1]) and auto["median"] == pytest.approx(1.0)
+    (paddle,) = vs_fastest(D, replies, "paddle-cpu fp32", [1])  # Paddle's own ratio, to the fastest other runtime
+    assert paddle["fastest_of"] == ["onnxruntime fp32", "openvino fp32"] and paddle["median"] == pytest.approx(3.0)
+    assert vs_fastest(D, {"auto fp32": replies["auto fp32"], "openvino fp32": replies["openvino fp32"]},
+                      "auto fp32", [1]) is None
+
+
 def test_zero_steps_is_one_line_and_fails():
     proc = _tool("-c", "configs/demo/rn50_demo.yaml", "--steps", "0")
     assert proc.returncode == 2 and proc.stdout == ""
