@@ -20,7 +20,7 @@ from .errors import DeployError
 from .kernel_profile import profile_worker_spec
 from .pipeline import Pipeline
 from .timing import synthetic_feeds, time_networks
-from .workers import REPLY_PREFIX, WORKER_LOG_ENV
+from .workers import REPLY_PREFIX, WORKER_LOG_ENV, run_in_worker
 
 # Enough of each output to compare runtimes (ResNet50's logits and a detector's outputs at batch 16: all).
 COMPARED_OUTPUT_VALUES = 16384
@@ -44,14 +44,28 @@ def output_values(outputs) -> list:
             for o in outputs]
 
 
+def run_auto_per_batch_size(spec: dict) -> dict:
+    """``backend="auto"`` at several batch sizes: each batch size in its own fresh process, merged into one
+    reply. auto decides per batch size and may choose another runtime for each; two runtimes loaded in one
+    process would compete for the cores (their idle threads spin), which no deployment at one batch size sees."""
+    replies = [run_in_worker(dict(spec, batch_sizes=[bs])) for bs in spec["batch_sizes"]]
+    merged = dict(replies[-1], pid=os.getpid(), sub_pids=[r["pid"] for r in replies],
+                  notes=[note for r in replies for note in r["notes"]])
+    for key in ("times_s", "outputs", "output_values", "build_s"):
+        merged[key] = {k: v for r in replies for k, v in r[key].items()}
+    merged["versions"] = {k: v for r in replies for k, v in r["versions"].items()}
+    return merged
+
+
 def run_worker_spec(spec: dict) -> dict:
     """Build the predictor ``spec`` names, time ``steps`` batches per batch size after ``warmup``
     untimed ones, and return the per-batch seconds with what ran and its outputs."""
+    if spec["backend"] == "auto" and len(spec["batch_sizes"]) > 1:
+        return run_auto_per_batch_size(spec)
     env_given = thread_environment()  # before paddle's import sets OMP_NUM_THREADS=1 (where unset)
     times, first_outputs, values, build_s, predictor = {}, {}, {}, {}, None
     for bs in spec["batch_sizes"]:
-        # auto decides per batch size: each gets the predictor a deployment at that batch size builds
-        if predictor is None or spec["backend"] == "auto":
+        if predictor is None:
             started = time.perf_counter()
             predictor = create_predictor(spec["model_dir"], spec["backend"], spec["precision"],
                                          threads=spec.get("threads"), batch_size=int(bs), **spec.get("options", {}))
