@@ -325,3 +325,58 @@ def test_no_usable_image_says_how_many_went_for_which_reason(tmp_path):
         CocoIndex(empty, img_dir)
     assert str(err.value) == (f"{empty}: no usable images: its 'images' list is empty; add the images (file_name, "
                               f"width, height)")
+
+
+def test_a_file_name_outside_the_image_folder_is_named_and_left_out(tmp_path, ppdlx_caplog):
+    # Before: "../outside.png" and an absolute path (e.g. a val image: a train/val leak) were read and trained on,
+    # with no word.
+    path = write_coco(str(tmp_path), [(1, "a.png", 100, 50, []), (2, "b.png", 100, 50, [])],
+                      [ann(1, 1, [10, 5, 30, 20]), ann(2, 2, [10, 5, 30, 20]), ann(3, 3, [1, 1, 5, 5]),
+                       ann(4, 4, [1, 1, 5, 5])])
+    img_dir = os.path.join(str(tmp_path), "img")
+    Image.new("RGB", (100, 50)).save(tmp_path / "outside.png")
+    _edit_images(path, **{"2": {"file_name": "../outside.png"}})
+    with open(path) as f:
+        doc = json.load(f)
+    doc["images"].append({"id": 3, "file_name": str(tmp_path / "outside.png"), "width": 100, "height": 50})
+    doc["images"].append({"id": 4, "file_name": "./a.png", "width": 100, "height": 50})  # stays inside
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    index = CocoIndex(path, img_dir, invalid="skip")
+    assert [r["id"] for r in index.records] == [1, 4]
+    assert [i[2:] for i in index.invalid] == [
+        (2, "../outside.png", f"file_name '../outside.png' leaves the image folder {img_dir} (through '..')"),
+        (3, str(tmp_path / "outside.png"), f"file_name '{tmp_path / 'outside.png'}' is an absolute path, outside "
+                                           f"the image folder {img_dir}")]
+    assert f"{path}: image id 2 (../outside.png): file_name '../outside.png' leaves the image folder" in \
+        ppdlx_caplog.text
+    with pytest.raises(DataError) as err:
+        CocoIndex(path, img_dir, invalid="error")
+    assert str(err.value) == (f"{path}: image id 2 (../outside.png): file_name '../outside.png' leaves the image "
+                              f"folder {img_dir} (through '..'); fix the annotation file or set data.coco.invalid=skip "
+                              f"to leave such entries out")
+
+
+def test_duplicate_annotation_ids_are_an_error_naming_the_ids(tmp_path):
+    # Before: accepted; pycocotools keys annotations by id, so evaluation scored against the wrong boxes (the same
+    # model: AP 0.0011 instead of 0.0013).
+    path = write_coco(str(tmp_path), [(1, "a.png", 100, 50, []), (2, "b.png", 100, 50, [])],
+                      [ann(1, 1, [10, 5, 30, 20]), ann(1, 2, [50, 5, 30, 20]), ann(2, 2, [10, 5, 30, 20]),
+                       ann(7, 1, [1, 1, 5, 5]), ann(7, 2, [1, 1, 5, 5]), ann(7, 2, [2, 2, 5, 5])])
+    for invalid in ("skip", "error"):
+        with pytest.raises(DataError) as err:
+            CocoIndex(path, os.path.join(str(tmp_path), "img"), invalid=invalid)
+        assert str(err.value) == (f"{path}: 2 duplicate annotation id(s): 1, 7 (id 1 is given 2 times, on image ids "
+                                  f"1, 2); COCO evaluation keys annotations by id and would score against the wrong "
+                                  f"boxes: give every annotation its own id")
+
+
+def test_an_area_that_is_not_a_number_is_named_and_left_out(tmp_path, ppdlx_caplog):
+    # Before: tools/check_data.py ended in a ValueError traceback (float('big')), evaluation in a TypeError.
+    anns = [ann(1, 1, [10, 5, 30, 20]), dict(ann(2, 1, [50, 5, 30, 20]), area="big"), ann(3, 1, [1, 1, 5, 5])]
+    del anns[2]["area"]  # no area at all is fine: COCO's evaluation then has none to sort by, as pycocotools allows
+    path = write_coco(str(tmp_path), [(1, "a.png", 100, 50, [])], anns)
+    index = CocoIndex(path, os.path.join(str(tmp_path), "img"), invalid="skip")
+    assert index.records[0]["ann_ids"] == [1, 3]
+    assert [i[1:] for i in index.invalid] == [(2, 1, "a.png", "malformed area 'big' (expected the object's area in "
+                                                              "pixels, a number, or no 'area' key)")]
