@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ppdlx.data.image_file import open_image, why_unreadable
 from ppdlx.data.image_folder import ImageFolder, scan_image_folder
 from ppdlx.data.loader_common import dali_required
 from ppdlx.errors import DataError
@@ -76,11 +77,10 @@ def file_digests(paths) -> dict:
 
 def header_sizes(paths) -> dict:
     """(width, height) from each image's header (no full decode)."""
-    from PIL import Image
     out = {}
     for path in paths:
         try:
-            with Image.open(path) as img:
+            with open_image(path) as img:
                 out[path] = img.size
         except (OSError, ValueError, SyntaxError):
             pass
@@ -106,7 +106,7 @@ def decode_with_dataset(dataset, paths):
     for i, path in enumerate(paths):
         size = dataset[i][0]
         if size is None:
-            bad.append((path, "cannot be decoded (PIL)"))
+            bad.append((path, f"cannot be decoded (PIL: {why_unreadable(path) or 'no reason given'})"))
         else:
             sizes[path] = tuple(size)
     return bad, sizes

@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from ppdlx.data.image_file import open_rgb
 from ppdlx.errors import UnsupportedError
 
 log = logging.getLogger("ppdlx.analysis")
@@ -104,10 +105,8 @@ def class_colour(index: int):
 
 def load_rgb(path: str):
     """The image as an RGB array, or None when it cannot be opened (drawn as an 'unreadable' cell)."""
-    from PIL import Image
     try:
-        with Image.open(path) as img:
-            return np.asarray(img.convert("RGB"))
+        return np.asarray(open_rgb(path))
     except (OSError, ValueError, SyntaxError):
         return None
 

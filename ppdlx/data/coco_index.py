@@ -25,8 +25,8 @@ import math
 import os
 
 import numpy as np
-from PIL import Image
 
+from ppdlx.data.image_file import open_image
 from ppdlx.data.image_folder import quoted
 from ppdlx.errors import DataError, quote
 
@@ -108,7 +108,7 @@ def _positive_number(value) -> bool:
 def header_size(path: str):
     """``(width, height)`` from the image file's header (PIL decodes no pixels for it), None if unreadable."""
     try:
-        with Image.open(path) as img:
+        with open_image(path) as img:
             return img.size
     except (OSError, ValueError, SyntaxError):
         return None  # the loaders report an undecodable file by name when they reach it

@@ -104,7 +104,7 @@ def test_coco_counts_and_planted_faults(shapes):
     assert train.touching == want["touching"] and train.touching > 0
     assert [i[0] for i in train.invalid] == [shapes["invalid_id"]]
     assert "outside the" in train.invalid[0][3]
-    assert val.unreadable == [(shapes["corrupt"], "cannot be decoded (PIL)")]
+    assert val.unreadable == [(shapes["corrupt"], "cannot be decoded (PIL: cannot identify image file)")]
     assert report.duplicates == [(shapes["copy"], shapes["source"])]
     json_size = next((im["width"], im["height"]) for im in load_json(shapes["json"]["val"])["images"]
                      if im["file_name"] == os.path.basename(shapes["copy"]))
