@@ -72,6 +72,26 @@ def _left_clean(ctx, run, result):
     return None
 
 
+def _link_to_another_run(ctx):
+    other = ctx.copy("run", "other_run")
+    link = ctx.path("mine")
+    os.symlink(other, link)
+    return Run(ctx.train(link, "train.resume=never", epochs=1), mentions=["other_run", "symbolic link"],
+               protect=all_checkpoint_files(other),
+               description="global.output_dir a symbolic link to another run's folder, train.resume=never")
+
+
+def _inside_data(ctx):
+    tree = ctx.copy("digits")
+    return Run(ctx.train(os.path.join(tree, "train", "run"), data=tree, epochs=1), mentions=["data.root"],
+               facts={"tree": tree}, description="global.output_dir inside data.root/train")
+
+
+def _data_untouched(ctx, run, result):
+    created = os.path.join(run.facts["tree"], "train", "run")
+    return f"created {created} among the class folders" if os.path.exists(created) else None
+
+
 def cases():
     return [
         Case("train_output_dir_unwritable", AREA, "train.py", "", _train_output_unwritable),
@@ -79,4 +99,6 @@ def cases():
         Case("two_trainings_one_output_dir", AREA, "train.py", "", _two_trainings, runner=second_training,
              after=_first_undisturbed, timeout=400),
         Case("disk_full_during_save", AREA, "train.py", "", _disk_full, after=_left_clean),
+        Case("output_dir_link_to_another_run_resume_never", AREA, "train.py", "", _link_to_another_run),
+        Case("output_dir_inside_data_root", AREA, "train.py", "", _inside_data, after=_data_untouched),
     ]

@@ -128,3 +128,46 @@ def test_a_checkpoint_of_another_model_is_refused_before_training(tiny_tree, tmp
     assert str(err.value) == (f"train.resume: {out}/latest is a checkpoint of model 'resnet50' (1000 classes) but this "
                               f"run builds 'resnet18_bottleneck_tiny'; set model.name=resnet50, or train into another "
                               f"global.output_dir (or train.resume=never to replace it)")
+
+
+def test_resume_never_through_a_link_to_another_run_is_refused_naming_the_real_folder(tiny_tree, tmp_path):
+    # Before: the other run's checkpoints were removed while the log named only the link.
+    other = tmp_path / "other_run"
+    tiny_checkpoint(other / "latest")
+    (tmp_path / "runs").mkdir()
+    link = tmp_path / "runs" / "mine"
+    os.symlink(other, link)
+    from ppdlx.engine.run_dir import prepare_output_dir, release_output_dir
+    for out in (link, link / "."):  # the link itself, or a path through it
+        cfg = load_config(None, tiny_overrides(tiny_tree, out, "train.resume=never"))
+        with pytest.raises(ConfigError) as err:
+            prepare_output_dir(cfg, rank=0)
+        assert str(err.value) == (f"global.output_dir={out} leads through a symbolic link to {other}, which holds "
+                                  f"checkpoints (latest); train.resume=never would remove them: to start over there, "
+                                  f"pass global.output_dir={other}, or choose another global.output_dir")
+    assert sorted(os.listdir(other)) == ["latest"] and os.path.isfile(other / "latest" / "manifest.json")
+    # through the link without checkpoints behind it, or named by its real path, a fresh start goes ahead
+    cfg = load_config(None, tiny_overrides(tiny_tree, other, "train.resume=never"))
+    assert prepare_output_dir(cfg, rank=0) is None
+    release_output_dir(str(other))
+    assert not os.path.lexists(other / "latest")
+    cfg = load_config(None, tiny_overrides(tiny_tree, link, "train.resume=never"))
+    assert prepare_output_dir(cfg, rank=0) is None
+    release_output_dir(str(link))
+
+
+@pytest.mark.parametrize("inside", ["train", "train/run", "", "elsewhere/../val/x"])
+def test_an_output_dir_inside_the_data_is_refused_before_anything_is_created(tiny_tree, tmp_path, inside):
+    # Before: the run created its folder among the class folders, then blamed the data ("1 class without images"),
+    # and so did every later run on that data.
+    root = tmp_path / "tree"
+    import shutil
+    shutil.copytree(tiny_tree, root)
+    before = sorted(os.listdir(root / "train"))
+    out = os.path.join(str(root), inside) if inside else str(root)
+    code, _, stderr = finish(start(str(root), out))
+    assert code == 2, stderr[-2000:]
+    assert last_line(stderr) == (f"error: global.output_dir={out} is inside data.root={root}: what a run writes there "
+                                 f"would mix with the data (in an image-folder split, its folder would become a "
+                                 f"class); choose a global.output_dir outside data.root")
+    assert sorted(os.listdir(root / "train")) == before and not os.path.exists(os.path.join(str(root), "elsewhere"))
