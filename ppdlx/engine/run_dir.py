@@ -26,6 +26,7 @@ from ppdlx.data.data_dirs import refuse_output_inside_data
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine import checkpoint_unit as unit
 from ppdlx.errors import ConfigError
+from ppdlx.processes import alive
 
 log = logging.getLogger("ppdlx")
 LOCK_NAME = "train.lock"
@@ -119,16 +120,6 @@ def _pid_in(fd: int):
     return int(text) if text.isdigit() else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def lock_output_dir(out: str) -> None:
     """Hold ``<out>/train.lock`` for this process (see the module doc); ConfigError when another holds it."""
     path = os.path.join(out, LOCK_NAME)
@@ -143,7 +134,7 @@ def lock_output_dir(out: str) -> None:
             break
         except BlockingIOError:
             holder = _pid_in(fd)
-            dead = holder is not None and not _alive(holder)
+            dead = holder is not None and not alive(holder)
             if dead and time.monotonic() < deadline:
                 time.sleep(0.2)
                 continue

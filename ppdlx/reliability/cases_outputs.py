@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import resource
+import subprocess
+import sys
 
 from ppdlx.reliability.battery import Case, Run
 from ppdlx.reliability.faults import (all_checkpoint_files, checkpoint_epoch, checkpoint_file, read_params,
@@ -92,6 +94,24 @@ def _data_untouched(ctx, run, result):
     return f"created {created} among the class folders" if os.path.exists(created) else None
 
 
+def _stale_staging(ctx):
+    """A copy of the export fixture holding the staging folder of an export that was killed (its pid has ended)."""
+    model_dir = ctx.copy("export", "model")
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    stale = os.path.join(model_dir, f".export-staging-{ended.pid}-k1ll3d")
+    os.makedirs(stale)
+    write_text(os.path.join(stale, "inference.pdiparams"), "half of an export\n")
+    return Run(ctx.export(os.path.join(ctx.fx.get("run"), "latest"), model_dir), facts={"stale": stale},
+               description="export into a folder holding the staging folder of an export that was killed")
+
+
+def _stale_removed(ctx, run, result):
+    if os.path.exists(run.facts["stale"]):
+        return False, f"exit 0, but {os.path.basename(run.facts['stale'])} was left behind"
+    return True, "exit 0, the killed export's staging folder removed"
+
+
 def cases():
     return [
         Case("train_output_dir_unwritable", AREA, "train.py", "", _train_output_unwritable),
@@ -100,5 +120,7 @@ def cases():
              after=_first_undisturbed, timeout=400),
         Case("disk_full_during_save", AREA, "train.py", "", _disk_full, after=_left_clean),
         Case("output_dir_link_to_another_run_resume_never", AREA, "train.py", "", _link_to_another_run),
+        Case("export_after_a_killed_export", "export", "export_model.py", "", _stale_staging, expect="ok",
+             check=_stale_removed),
         Case("output_dir_inside_data_root", AREA, "train.py", "", _inside_data, after=_data_untouched),
     ]
