@@ -115,6 +115,11 @@ class CocoLoader(PaddleIOLoader):
         return self.dataset.records[index]["path"]
 
     @property
+    def index(self):
+        """The split's ``CocoIndex`` (as the DALI loader's ``index``)."""
+        return self.dataset.index
+
+    @property
     def classes(self):
         return self.dataset.classes
 

@@ -1,5 +1,6 @@
 """COCO dataset: box transforms agree with the pixels, invalid annotations, crowd, batch contract."""
 import json
+import logging
 import os
 
 import numpy as np
@@ -9,6 +10,7 @@ from PIL import Image
 from ppdlx.data.coco import CocoDetection, CocoIndex, eval_size, shared_index, sharing_indexes, train_window
 from ppdlx.errors import DataError
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MEAN, STD = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)  # identity normalisation: pixels stay readable
 PIXELS = {"mean": MEAN, "std": STD, "interpolation": "bilinear"}
 
@@ -380,3 +382,29 @@ def test_an_area_that_is_not_a_number_is_named_and_left_out(tmp_path, ppdlx_capl
     assert index.records[0]["ann_ids"] == [1, 3]
     assert [i[1:] for i in index.invalid] == [(2, 1, "a.png", "malformed area 'big' (expected the object's area in "
                                                               "pixels, a number, or no 'area' key)")]
+
+
+@pytest.mark.parametrize("backend", ["paddle", "dali"])
+def test_training_says_when_max_instances_caps_an_images_boxes(tmp_path, ppdlx_caplog, backend):
+    # Before: the boxes past data.coco.max_instances were dropped from every sample without a word.
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    from ppdlx.config import load_config
+    from ppdlx.data.coco import build_coco_loader
+    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    anns = [ann(i + 1, 1, [i % 10 * 6, i // 10 * 6, 5, 5]) for i in range(60)]
+    anns += [ann(200 + i, 2, [i, 1, 5, 5], crowd=int(i >= 40)) for i in range(45)]  # 40 once crowd is left out
+    root = str(tmp_path)
+    write_coco(root, [(1, "a.png", 64, 64, []), (2, "b.png", 80, 40, []), (3, "c.png", 30, 60, [])],
+               anns + [ann(100, 3, [1, 1, 10, 10])])
+    cfg = resolve_preprocessing(load_config(os.path.join(ROOT, "configs", "demo", "efficientdet_demo.yaml"), [
+        f"data.root={root}", "data.coco.train_json=ann.json", "data.coco.val_json=ann.json",
+        "data.coco.train_images=img", "data.coco.val_images=img", "data.coco.max_instances=40", "data.batch_size=1",
+        f"data.backend={backend}", "data.workers=0"]))
+    with ppdlx_caplog.at_level(logging.WARNING, logger="ppdlx.data"):
+        build_coco_loader(cfg, "train")
+        build_coco_loader(cfg, "val")  # evaluation scores against the json, not the padded boxes: nothing to say
+    lines = [r.getMessage() for r in ppdlx_caplog.records if "max_instances" in r.getMessage()]
+    assert lines == [f"{root}/ann.json: 1 training image(s) hold more than data.coco.max_instances=40 boxes (up to "
+                     f"60, in image id 1 (a.png)); a sample carries at most 40: raise data.coco.max_instances to "
+                     f"train on all"]
