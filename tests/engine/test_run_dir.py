@@ -171,3 +171,30 @@ def test_an_output_dir_inside_the_data_is_refused_before_anything_is_created(tin
                                  f"would mix with the data (in an image-folder split, its folder would become a "
                                  f"class); choose a global.output_dir outside data.root")
     assert sorted(os.listdir(root / "train")) == before and not os.path.exists(os.path.join(str(root), "elsewhere"))
+
+
+def test_resuming_at_another_global_batch_says_what_changes(tiny_tree, tmp_path):
+    # Before: only the usual plan line; the global batch and the peak learning rate changed silently.
+    out = tmp_path / "run"
+    code, _, stderr = finish(start(tiny_tree, out, "lr.scale_with_batch=true", "lr.base_batch=8", "train.epochs=1"))
+    assert code == 0, stderr[-2000:]
+    code, stdout, stderr = finish(start(tiny_tree, out, "lr.scale_with_batch=true", "lr.base_batch=8",
+                                        "train.resume=auto", "data.batch_size=4"))
+    assert code == 0, stderr[-2000:]
+    lines = [line for line in (stdout + stderr).splitlines() if "was trained with global batch" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        f"{out}/latest was trained with global batch 8 (8 x 1 rank x 1 accumulate), peak lr 0.1; this run uses global "
+        f"batch 4 (4 x 1 rank x 1 accumulate), peak lr 0.05: the learning rate schedule goes on at 0.5x the "
+        f"checkpoint's, and the schedule continues from the same fraction of the training (its step count is carried "
+        f"over); resume with the checkpoint's data.batch_size / train.accumulate / ranks to keep its recipe"), lines
+
+
+def test_the_global_batch_line_says_nothing_for_the_same_recipe_or_an_older_checkpoint():
+    from ppdlx.optim import batch_change_line
+    now = {"batch_size": 4, "ranks": 2, "accumulate": 2, "global": 16, "peak_lr": 0.016}
+    assert batch_change_line(dict(now), now, "ckpt") is None
+    assert batch_change_line(None, now, "ckpt") is None  # a checkpoint written before the record: nothing to compare
+    unscaled = batch_change_line(dict(now, ranks=1, **{"global": 8}), dict(now), "ckpt")
+    assert unscaled.startswith("ckpt was trained with global batch 8 (4 x 1 rank x 2 accumulate), peak lr 0.016; this "
+                               "run uses global batch 16 (4 x 2 ranks x 2 accumulate), peak lr 0.016: the learning "
+                               "rate schedule is unchanged (lr.scale_with_batch=false), and the schedule continues")
