@@ -11,8 +11,8 @@
 * The lock holder removes what interrupted saves left (``*.tmp-<pid>``, ``*.old-<pid>``).
 * ``train.resume``: ``auto`` -> the newest complete checkpoint (:func:`ppdlx.engine.checkpoint.resolve_resume`),
   or a fresh start in a directory without checkpoints; a path -> that checkpoint, verified; ``never`` -> start
-  over, the directory's checkpoints removed (refused when the directory is reached through a link); unset -> start fresh, refused in a directory that holds
-  checkpoints (nothing is overwritten unless asked).
+  over, the directory's checkpoints removed (refused when the directory is reached through a link); unset -> start
+  fresh, refused in a directory that holds checkpoints (nothing is overwritten unless asked).
 """
 from __future__ import annotations
 

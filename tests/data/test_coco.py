@@ -284,12 +284,17 @@ def test_duplicate_image_ids_are_an_error_naming_both_files(tmp_path):
     # Before: pycocotools' createIndex kept the last image of the id and gave it the boxes of both, silently.
     path = write_coco(str(tmp_path), [(1, "a.png", 100, 50, []), (1, "b.png", 100, 50, []), (2, "c.png", 100, 50, [])],
                       [ann(1, 1, [10, 5, 30, 20]), ann(2, 2, [10, 5, 30, 20])])
+    refused_whatever_invalid_says(path, os.path.join(str(tmp_path), "img"), (
+        f"{path}: duplicate image id 1: images 'a.png' and 'b.png'; their annotations cannot be assigned to one of "
+        f"them: give every image its own id and point each annotation's image_id at its image"))
+
+
+def refused_whatever_invalid_says(path, img_dir, message):
+    """``CocoIndex`` raises ``message`` under data.coco.invalid=skip and =error alike."""
     for invalid in ("skip", "error"):
         with pytest.raises(DataError) as err:
-            CocoIndex(path, os.path.join(str(tmp_path), "img"), invalid=invalid)
-        assert str(err.value) == (f"{path}: duplicate image id 1: images 'a.png' and 'b.png'; their annotations cannot "
-                                  f"be assigned to one of them: give every image its own id and point each "
-                                  f"annotation's image_id at its image")
+            CocoIndex(path, img_dir, invalid=invalid)
+        assert str(err.value) == message
 
 
 def test_annotations_of_absent_images_are_counted_in_one_line(tmp_path, ppdlx_caplog):
@@ -365,12 +370,9 @@ def test_duplicate_annotation_ids_are_an_error_naming_the_ids(tmp_path):
     path = write_coco(str(tmp_path), [(1, "a.png", 100, 50, []), (2, "b.png", 100, 50, [])],
                       [ann(1, 1, [10, 5, 30, 20]), ann(1, 2, [50, 5, 30, 20]), ann(2, 2, [10, 5, 30, 20]),
                        ann(7, 1, [1, 1, 5, 5]), ann(7, 2, [1, 1, 5, 5]), ann(7, 2, [2, 2, 5, 5])])
-    for invalid in ("skip", "error"):
-        with pytest.raises(DataError) as err:
-            CocoIndex(path, os.path.join(str(tmp_path), "img"), invalid=invalid)
-        assert str(err.value) == (f"{path}: 2 duplicate annotation id(s): 1, 7 (id 1 is given 2 times, on image ids "
-                                  f"1, 2); COCO evaluation keys annotations by id and would score against the wrong "
-                                  f"boxes: give every annotation its own id")
+    refused_whatever_invalid_says(path, os.path.join(str(tmp_path), "img"), (
+        f"{path}: 2 duplicate annotation id(s): 1, 7 (id 1 is given 2 times, on image ids 1, 2); COCO evaluation keys "
+        f"annotations by id and would score against the wrong boxes: give every annotation its own id"))
 
 
 def test_an_area_that_is_not_a_number_is_named_and_left_out(tmp_path, ppdlx_caplog):

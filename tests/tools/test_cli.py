@@ -153,5 +153,5 @@ def test_home_that_is_a_file_is_one_line(tmp_path, tool, args):
                           timeout=120, cwd=ROOT, env=dict(os.environ, HOME=str(home)))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"error: HOME={home} is a file, not a directory; Paddle (imported by every tool) and ppdlx keep their caches in "
-        f"$HOME/.cache: set HOME to a writable directory")
+        f"error: HOME={home} is a file, not a directory; Paddle (imported by every tool) and ppdlx keep their caches "
+        f"in $HOME/.cache: set HOME to a writable directory")
