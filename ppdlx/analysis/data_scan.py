@@ -46,6 +46,7 @@ class SplitReport:
     leaving: int = 0                                   # boxes reaching past the border (the loader clips them)
     invalid: list = field(default_factory=list)        # (annotation id, image id, file, reason): left out
     size_mismatch: list = field(default_factory=list)  # (path, size in the json, decoded size)
+    sized_from_file: int = 0                           # images the json gives no width/height (read from the file)
 
     @property
     def images(self) -> int:

@@ -211,6 +211,7 @@ class CocoIndex:
             log.warning("%s: %d invalid annotations/images skipped in total (first %d listed above)",
                         json_path, len(self.invalid), MAX_REPORTED)
         self._leave_out_orphans(coco, invalid)
+        self.sized_from_file = sized_from_file
         if sized_from_file:
             log.warning("%s: %d image(s) without a width/height in the json: their sizes were read from the image "
                         "files", json_path, sized_from_file)
