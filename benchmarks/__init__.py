@@ -27,6 +27,7 @@ KINDS = {
     "loader": "benchmarks.loader",
     "infer": "benchmarks.infer",
     "profile": "benchmarks.profile",
+    "serve": "benchmarks.serve",
 }
 
 # Distributions whose versions a speed figure depends on (absent ones are left out).

@@ -90,3 +90,25 @@ def test_import_sets_mkl_switch_by_detection_and_a_users_value_wins(package):
     user = subprocess.run([sys.executable, "-c", code], env={**env, "MKL_DEBUG_CPU_TYPE": "4"}, capture_output=True,
                           text=True, timeout=300)
     assert user.stdout.split() == ["4", "False"]
+
+
+def test_onednn_isa_cap_limits_the_features_as_onednn_limits_dispatch():
+    """ONEDNN_MAX_CPU_ISA (DNNL_MAX_CPU_ISA when unset) caps oneDNN's dispatch, and the features follow: a path
+    chosen by them is one oneDNN runs (issue 39: on an AVX-512 machine capped at AVX2, bf16 looked available)."""
+    assert F.onednn_isa_cap({"ONEDNN_MAX_CPU_ISA": "avx2"}) == "AVX2"
+    assert F.onednn_isa_cap({"DNNL_MAX_CPU_ISA": "AVX512_CORE"}) == "AVX512_CORE"
+    assert F.onednn_isa_cap({"ONEDNN_MAX_CPU_ISA": "SSE41", "DNNL_MAX_CPU_ISA": "AVX2"}) == "SSE41"
+    assert F.onednn_isa_cap({"ONEDNN_MAX_CPU_ISA": "AVX10_1_512_AMX"}) == "AVX512_CORE_AMX"
+    for unset in ({}, {"ONEDNN_MAX_CPU_ISA": "ALL"}, {"ONEDNN_MAX_CPU_ISA": "DEFAULT"}, {"ONEDNN_MAX_CPU_ISA": "Z80"}):
+        assert F.onednn_isa_cap(unset) is None, unset
+    full = D.cpu.parse_cpuinfo(INTEL_AVX512)
+    assert F.has_bf16(full) and F.has_vnni(full) and F.onednn_runs_bf16(full)
+    avx2 = D.cpu.parse_cpuinfo(INTEL_AVX512, isa_cap="AVX2")
+    assert avx2["flags"] == ["sse4_2", "avx", "fma", "avx2"] and avx2["hardware_flags"] == full["flags"]
+    assert not F.has_bf16(avx2) and not F.has_vnni(avx2) and not F.onednn_runs_bf16(avx2)
+    core = D.cpu.parse_cpuinfo(INTEL_AVX512, isa_cap="AVX512_CORE")
+    assert F.onednn_runs_bf16(core) and not F.has_bf16(core) and not F.has_vnni(core)
+    assert D.cpu.parse_cpuinfo(INTEL_AVX512, isa_cap="AVX512_CORE_BF16")["flags"] == full["flags"]
+    # MKL does not follow oneDNN's cap: its vendor switch still reads the hardware
+    amd = D.cpu.parse_cpuinfo(AMD_AVX2, isa_cap="SSE41")
+    assert amd["flags"] == ["sse4_2"] and F.mkl_debug_cpu_type_for(amd) == "5"

@@ -24,6 +24,6 @@ from ppdlx.checkpoint.run_dir import (check_ranks_resume_alike, prepare_output_d
                                       release_output_dir)
 from ppdlx.checkpoint.training import (BEST, EPOCH_NAME, LATEST, capture_rng, check_resumable,  # noqa: F401
                                        checkpoint_names, load_checkpoint, model_mismatch, newest_complete,
-                                       recorded_epoch, resolve_resume, restore_rng, save_checkpoint, save_epoch,
-                                       verify)
+                                       recorded_epoch, recorded_global_batch, resolve_resume, restore_rng,
+                                       save_checkpoint, save_epoch, verify)
 from ppdlx.checkpoint.unit import CheckpointError  # noqa: F401

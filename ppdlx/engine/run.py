@@ -25,6 +25,7 @@ from ppdlx.analysis.data_report import check_before_training
 from ppdlx.config import save_config
 from ppdlx.cpu_env import keep_freed_memory
 from ppdlx.data.coco_index import sharing_indexes
+from ppdlx.data.mixing import MixSpec
 from ppdlx.dist import seed_everything
 from ppdlx.engine import hooks as std
 from ppdlx.engine.amp import build_scaler, check_image_dtype, check_o2_weight_decay, decorate_o2, plan_amp
@@ -41,7 +42,8 @@ from ppdlx.errors import ConfigError
 from ppdlx.layers import layer_config
 from ppdlx.layers.cpu_kernels import kernel_counts, kernel_line
 from ppdlx.models.info import count_trainable_params
-from ppdlx.optim import build_lr_schedule, build_optimizer, optimizer_groups, scaled_lr
+from ppdlx.optim import (batch_change_line, build_lr_schedule, build_optimizer, global_batch_record, optimizer_groups,
+                         scaled_lr)
 from ppdlx.registry import OPTIMIZERS
 from ppdlx.sparsity import ensure_asp_hook
 from ppdlx.tasks import task_of
@@ -58,7 +60,7 @@ def program_spec(cfg, task, num_classes: int) -> ProgramSpec:
         param_groups=lambda model: optimizer_groups(cfg, model),
         build_optimizer=lambda lr, params, multi_precision: OPTIMIZERS.build(
             cfg.optimizer.name, lr=lr, groups=params, cfg=cfg, multi_precision=multi_precision),
-        data_format=cfg.model.data_format, accumulate=cfg.train.accumulate, mixup=cfg.train.mixup_alpha > 0,
+        data_format=cfg.model.data_format, accumulate=cfg.train.accumulate, mix=MixSpec.of(cfg.train).enabled,
         ema=cfg.ema.enabled, build_scaler=lambda amp: build_scaler(amp, cfg.amp))
 
 
@@ -170,7 +172,7 @@ class TrainingRun:
             init_state = {n: v.numpy() for n, v in model.state_dict().items()}
             dyn_names = {n: v.name for n, v in model.state_dict().items()}
             return build_static_step(program_spec(cfg, self.task, self.data.num_classes), self.lr_schedule, plan.amp,
-                                     plan.world_size, plan.device, init_state, dyn_names, cfg.train.mixup_alpha,
+                                     plan.world_size, plan.device, init_state, dyn_names, MixSpec.of(cfg.train),
                                      cfg.global_.seed, cfg.ema.decay, cfg.ema.dynamic_decay)
         objective = self.task.build_objective(cfg, model, self.data, self.env.world_size)
         self.lr_schedule = self.build_lr_schedule()
@@ -195,7 +197,8 @@ class TrainingRun:
         cfg, data = self.cfg, self.data
         hooks = [*self.hooks, *self.task.hooks(cfg, data),
                  final_analysis_hook(cfg, self.task, self.evaluator, data, self.env.rank)]
-        identity = {"name": cfg.model.name, "num_classes": data.num_classes}
+        self.batch_record = global_batch_record(cfg, self.env.world_size)
+        identity = {"name": cfg.model.name, "num_classes": data.num_classes, "global_batch": self.batch_record}
         return standard_hooks(cfg, self.env.rank, self.lr_schedule, self.evaluator, self.step, hooks, identity)
 
     def build_trainer(self) -> Trainer:
@@ -210,6 +213,10 @@ class TrainingRun:
     def resume_or_start(self, trainer: Trainer) -> None:
         if self.resume_path:
             trainer.resume(self.resume_path)
+            changed = batch_change_line(ckpt.recorded_global_batch(self.resume_path), self.batch_record,
+                                        self.resume_path)
+            if changed and self.env.rank == 0:
+                log.warning(changed)
         elif self.cfg.train.resume == "auto":
             log.info("train.resume=auto: no checkpoint in %s, starting fresh", self.cfg.global_.output_dir)
 

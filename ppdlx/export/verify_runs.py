@@ -21,10 +21,10 @@ from typing import List, Optional
 
 import numpy as np
 import paddle
-from PIL import Image
 from ppdlx_deploy import Pipeline, Preprocessor, clip_to_images, postprocess
 
 from ppdlx.data.coco import build_coco_dataset
+from ppdlx.data.image_file import open_rgb
 from ppdlx.data.transforms import EvalTransform
 from ppdlx.engine.run import evaluate
 from ppdlx.export.paddle_export import DetectorForExport
@@ -121,8 +121,7 @@ class ClassificationRuns:
         for idx in _batches(len(vset), batch_size):
             ours = []
             for i in idx:
-                with Image.open(vset.paths[i]) as img:  # the training loader's decode
-                    ours.append(transform(img.convert("RGB")))
+                ours.append(transform(open_rgb(vset.paths[i])))  # the training loader's decode
             ours = np.stack(ours)
             theirs = prep.feeds_from_files([vset.paths[i] for i in idx])[prep.input_name]
             max_diff, diff_sum, pixels = _accumulate(ours, theirs, max_diff, diff_sum, pixels)

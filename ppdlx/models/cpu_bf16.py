@@ -25,7 +25,7 @@ from typing import Optional
 import paddle
 
 import ppdlx.models.resnet_bf16 as resnet_bf16
-from ppdlx.cpu_features import BF16_FLAGS, cpu_features, has_bf16
+from ppdlx.cpu_features import BF16_FLAGS, cpu_features, has_bf16, onednn_isa_cap
 from ppdlx.errors import UnsupportedError
 from ppdlx.layers import layer_config
 from ppdlx.models.resnet import Bottleneck
@@ -118,7 +118,10 @@ def plan_cpu_bf16(setting, threads: int, fast_cpu_kernels: bool) -> tuple[bool, 
     elif not fast_cpu_kernels:
         why_not = "global.cpu_fast_kernels is off (bf16 runs in its oneDNN convolutions)"
     elif not has_bf16(cpu_features()):
-        why_not = f"this CPU has neither {' nor '.join(BF16_FLAGS)} (oneDNN would emulate bf16, slower than float32)"
+        capped = onednn_isa_cap()
+        why_not = (f"this CPU has neither {' nor '.join(BF16_FLAGS)}"
+                   + (f" that oneDNN may use under ONEDNN_MAX_CPU_ISA={capped}" if capped else "")
+                   + " (oneDNN would emulate bf16, slower than float32, or has no bf16 kernels at all)")
     if why_not:
         if setting is True:
             raise UnsupportedError(f"amp.cpu_bf16=true: {why_not}; set amp.cpu_bf16=auto or amp.enabled=false")

@@ -51,6 +51,39 @@ inline std::vector<int64_t> paddle_shape(const memory::dims& d, bool channels_la
   return channels_last ? std::vector<int64_t>{d[0], d[2], d[3], d[1]} : std::vector<int64_t>{d[0], d[1], d[2], d[3]};
 }
 
+// oneDNN's name for the instruction set it dispatches to here (ONEDNN_MAX_CPU_ISA lowers it).
+inline const char* effective_isa_name() {
+  using isa = dnnl::cpu_isa;
+  switch (dnnl::get_effective_cpu_isa()) {
+    case isa::sse41: return "sse41";
+    case isa::avx: return "avx";
+    case isa::avx2: return "avx2";
+    case isa::avx2_vnni: return "avx2_vnni";
+    case isa::avx2_vnni_2: return "avx2_vnni_2";
+    case isa::avx512_core: return "avx512_core";
+    case isa::avx512_core_vnni: return "avx512_core_vnni";
+    case isa::avx512_core_bf16: return "avx512_core_bf16";
+    case isa::avx512_core_fp16: return "avx512_core_fp16";
+    case isa::avx512_core_amx: return "avx512_core_amx";
+    case isa::avx512_core_amx_fp16: return "avx512_core_amx_fp16";
+    default: return "an unnamed instruction set";
+  }
+}
+
+// Runs an op's body and turns oneDNN's exceptions into Paddle errors, which reach Python as one
+// exception: a dnnl::error leaving a custom op's backward through Paddle's autograd node ends in
+// std::terminate, which kills the process (a missing bf16 primitive on an AVX2-only CPU did).
+template <typename Body>
+std::vector<paddle::Tensor> guarded(const char* op, bool bf16, Body&& body) {
+  try {
+    return body();
+  } catch (const dnnl::error& e) {
+    PD_THROW("ppdlx onednn ", op, ": oneDNN cannot run it in ", bf16 ? "bfloat16" : "float32",
+             " on this CPU (its instruction set here: ", effective_isa_name(),
+             bf16 ? "; bfloat16 needs avx512_core or newer" : "", "): ", e.what());
+  }
+}
+
 // The forward and backward primitives of a training op, with their descriptors.
 template <typename Forward, typename Backward>
 struct TrainingPrimitives {

@@ -126,18 +126,20 @@ std::vector<paddle::Tensor> OneDNNConv2dForward(const paddle::Tensor& x, const p
                                                 const std::vector<int>& dilations, int groups,
                                                 bool channels_last, bool need_input_grad, bool bf16,
                                                 bool out_bf16) {
-  check_inputs(x, w);
-  const auto g = geometry(x.shape(), w.shape(), strides, paddings, dilations, groups, channels_last, bf16,
-                          is_bf16(x), out_bf16);
-  const auto& p = primitives(g);
-  auto out = paddle::empty(paddle_shape(g.dst, channels_last), paddle_type(out_bf16), paddle::CPUPlace());
-  dnnl::stream stream(cpu_engine());
-  auto src = as_layout(plain(g.src, g.data_tag, x), p.forward.src_desc(), stream);
-  auto weights = as_layout(plain(g.weights, g.weights_tag, w), p.forward.weights_desc(), stream);
-  auto dst = plain(g.dst, g.data_tag, out);
-  p.forward_prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}});
-  stream.wait();
-  return {out};
+  return guarded("conv2d", bf16 || is_bf16(x) || out_bf16, [&]() -> std::vector<paddle::Tensor> {
+    check_inputs(x, w);
+    const auto g = geometry(x.shape(), w.shape(), strides, paddings, dilations, groups, channels_last, bf16,
+                            is_bf16(x), out_bf16);
+    const auto& p = primitives(g);
+    auto out = paddle::empty(paddle_shape(g.dst, channels_last), paddle_type(out_bf16), paddle::CPUPlace());
+    dnnl::stream stream(cpu_engine());
+    auto src = as_layout(plain(g.src, g.data_tag, x), p.forward.src_desc(), stream);
+    auto weights = as_layout(plain(g.weights, g.weights_tag, w), p.forward.weights_desc(), stream);
+    auto dst = plain(g.dst, g.data_tag, out);
+    p.forward_prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}});
+    stream.wait();
+    return {out};
+  });
 }
 
 std::vector<paddle::Tensor> OneDNNConv2dBackward(const paddle::Tensor& x, const paddle::Tensor& w,
@@ -147,35 +149,37 @@ std::vector<paddle::Tensor> OneDNNConv2dBackward(const paddle::Tensor& x, const 
                                                  const std::vector<int>& dilations, int groups,
                                                  bool channels_last, bool need_input_grad, bool bf16,
                                                  bool out_bf16) {
-  check_inputs(x, w);
-  const auto g = geometry(x.shape(), w.shape(), strides, paddings, dilations, groups, channels_last, bf16,
-                          is_bf16(x), out_bf16);
-  const auto& p = primitives(g);
-  auto grad_out_c = grad_out.is_contiguous() ? grad_out : grad_out.contiguous();
-  PD_CHECK(is_bf16(grad_out_c) == out_bf16, "ppdlx onednn conv2d: the output's gradient changed type");
-  auto grad_x = paddle::empty(x.shape(), x.dtype(), paddle::CPUPlace());
-  auto grad_w = paddle::empty(w.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
-  dnnl::stream stream(cpu_engine());
-  auto diff_dst = as_layout(plain(g.dst, g.data_tag, grad_out_c), p.backward_weights.diff_dst_desc(), stream);
-  if (need_input_grad) {
-    // Skipped for network inputs (stop_gradient): Paddle discards that gradient anyway.
-    auto weights = as_layout(plain(g.weights, g.weights_tag, w), p.backward_data.weights_desc(), stream);
-    auto diff_src = plain(g.src, g.data_tag, grad_x);
-    p.backward_data_prim.execute(
-        stream, {{DNNL_ARG_DIFF_DST, as_layout(diff_dst, p.backward_data.diff_dst_desc(), stream)},
-                 {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DIFF_SRC, diff_src}});
-  }
-  auto src = as_layout(plain(g.src, g.data_tag, x), p.backward_weights.src_desc(), stream);
-  auto user_diff_weights = plain(g.weights, g.weights_tag, grad_w);
-  const auto wanted = p.backward_weights.diff_weights_desc();
-  memory diff_weights = wanted == user_diff_weights.get_desc() ? user_diff_weights : memory(wanted, cpu_engine());
-  p.backward_weights_prim.execute(
-      stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, diff_weights}});
-  if (diff_weights != user_diff_weights) {
-    dnnl::reorder(diff_weights, user_diff_weights).execute(stream, diff_weights, user_diff_weights);
-  }
-  stream.wait();
-  return {grad_x, grad_w};
+  return guarded("conv2d (backward)", bf16 || is_bf16(x) || out_bf16, [&]() -> std::vector<paddle::Tensor> {
+    check_inputs(x, w);
+    const auto g = geometry(x.shape(), w.shape(), strides, paddings, dilations, groups, channels_last, bf16,
+                            is_bf16(x), out_bf16);
+    const auto& p = primitives(g);
+    auto grad_out_c = grad_out.is_contiguous() ? grad_out : grad_out.contiguous();
+    PD_CHECK(is_bf16(grad_out_c) == out_bf16, "ppdlx onednn conv2d: the output's gradient changed type");
+    auto grad_x = paddle::empty(x.shape(), x.dtype(), paddle::CPUPlace());
+    auto grad_w = paddle::empty(w.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
+    dnnl::stream stream(cpu_engine());
+    auto diff_dst = as_layout(plain(g.dst, g.data_tag, grad_out_c), p.backward_weights.diff_dst_desc(), stream);
+    if (need_input_grad) {
+      // Skipped for network inputs (stop_gradient): Paddle discards that gradient anyway.
+      auto weights = as_layout(plain(g.weights, g.weights_tag, w), p.backward_data.weights_desc(), stream);
+      auto diff_src = plain(g.src, g.data_tag, grad_x);
+      p.backward_data_prim.execute(
+          stream, {{DNNL_ARG_DIFF_DST, as_layout(diff_dst, p.backward_data.diff_dst_desc(), stream)},
+                   {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DIFF_SRC, diff_src}});
+    }
+    auto src = as_layout(plain(g.src, g.data_tag, x), p.backward_weights.src_desc(), stream);
+    auto user_diff_weights = plain(g.weights, g.weights_tag, grad_w);
+    const auto wanted = p.backward_weights.diff_weights_desc();
+    memory diff_weights = wanted == user_diff_weights.get_desc() ? user_diff_weights : memory(wanted, cpu_engine());
+    p.backward_weights_prim.execute(
+        stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, diff_weights}});
+    if (diff_weights != user_diff_weights) {
+      dnnl::reorder(diff_weights, user_diff_weights).execute(stream, diff_weights, user_diff_weights);
+    }
+    stream.wait();
+    return {grad_x, grad_w};
+  });
 }
 
 std::vector<std::vector<int64_t>> OneDNNConv2dInferShape(const std::vector<int64_t>& x_shape,

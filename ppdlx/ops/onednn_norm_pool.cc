@@ -42,53 +42,57 @@ memory vec(const paddle::Tensor& t) {
 std::vector<paddle::Tensor> OneDNNBatchNormForward(const paddle::Tensor& x, const paddle::Tensor& scale,
                                                    const paddle::Tensor& shift, float epsilon,
                                                    bool channels_last, bool fuse_relu) {
-  check_activation(x, "batch_norm");
-  const auto dims = dnnl_dims(x.shape(), channels_last);
-  const auto& p = norm_primitives(dims, channels_last, epsilon, fuse_relu, is_bf16(x));
-  auto y = paddle::empty(x.shape(), x.dtype(), paddle::CPUPlace());
-  auto mean = paddle::empty({dims[1]}, paddle::DataType::FLOAT32, paddle::CPUPlace());
-  auto variance = paddle::empty({dims[1]}, paddle::DataType::FLOAT32, paddle::CPUPlace());
-  const int64_t workspace_bytes = fuse_relu ? static_cast<int64_t>(p.forward.workspace_desc().get_size()) : 1;
-  auto workspace = paddle::empty({workspace_bytes}, paddle::DataType::UINT8, paddle::CPUPlace());
-  const auto layout = channels_last ? tag::nhwc : tag::nchw;
-  dnnl::stream stream(cpu_engine());
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, plain(dims, layout, x)}, {DNNL_ARG_DST, plain(dims, layout, y)},
-      {DNNL_ARG_SCALE, vec(scale)}, {DNNL_ARG_SHIFT, vec(shift)},
-      {DNNL_ARG_MEAN, vec(mean)}, {DNNL_ARG_VARIANCE, vec(variance)}};
-  if (fuse_relu) {
-    args.insert({DNNL_ARG_WORKSPACE, memory(p.forward.workspace_desc(), cpu_engine(), workspace.data<uint8_t>())});
-  }
-  p.forward_prim.execute(stream, args);
-  stream.wait();
-  return {y, mean, variance, workspace};
+  return guarded("batch_norm", is_bf16(x), [&]() -> std::vector<paddle::Tensor> {
+    check_activation(x, "batch_norm");
+    const auto dims = dnnl_dims(x.shape(), channels_last);
+    const auto& p = norm_primitives(dims, channels_last, epsilon, fuse_relu, is_bf16(x));
+    auto y = paddle::empty(x.shape(), x.dtype(), paddle::CPUPlace());
+    auto mean = paddle::empty({dims[1]}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+    auto variance = paddle::empty({dims[1]}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+    const int64_t workspace_bytes = fuse_relu ? static_cast<int64_t>(p.forward.workspace_desc().get_size()) : 1;
+    auto workspace = paddle::empty({workspace_bytes}, paddle::DataType::UINT8, paddle::CPUPlace());
+    const auto layout = channels_last ? tag::nhwc : tag::nchw;
+    dnnl::stream stream(cpu_engine());
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, plain(dims, layout, x)}, {DNNL_ARG_DST, plain(dims, layout, y)},
+        {DNNL_ARG_SCALE, vec(scale)}, {DNNL_ARG_SHIFT, vec(shift)},
+        {DNNL_ARG_MEAN, vec(mean)}, {DNNL_ARG_VARIANCE, vec(variance)}};
+    if (fuse_relu) {
+      args.insert({DNNL_ARG_WORKSPACE, memory(p.forward.workspace_desc(), cpu_engine(), workspace.data<uint8_t>())});
+    }
+    p.forward_prim.execute(stream, args);
+    stream.wait();
+    return {y, mean, variance, workspace};
+  });
 }
 
 std::vector<paddle::Tensor> OneDNNBatchNormBackward(const paddle::Tensor& x, const paddle::Tensor& scale,
                                                     const paddle::Tensor& mean, const paddle::Tensor& variance,
                                                     const paddle::Tensor& workspace, const paddle::Tensor& grad_y,
                                                     float epsilon, bool channels_last, bool fuse_relu) {
-  const auto dims = dnnl_dims(x.shape(), channels_last);
-  const auto& p = norm_primitives(dims, channels_last, epsilon, fuse_relu, is_bf16(x));
-  auto grad_y_c = grad_y.is_contiguous() ? grad_y : grad_y.contiguous();
-  PD_CHECK(grad_y_c.dtype() == x.dtype(), "ppdlx onednn batch_norm: the output's gradient changed type");
-  auto grad_x = paddle::empty(x.shape(), x.dtype(), paddle::CPUPlace());
-  auto grad_scale = paddle::empty({dims[1]}, paddle::DataType::FLOAT32, paddle::CPUPlace());
-  auto grad_shift = paddle::empty({dims[1]}, paddle::DataType::FLOAT32, paddle::CPUPlace());
-  const auto layout = channels_last ? tag::nhwc : tag::nchw;
-  auto data = [&](const paddle::Tensor& t) { return plain(dims, layout, t); };
-  dnnl::stream stream(cpu_engine());
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, data(x)}, {DNNL_ARG_DIFF_DST, data(grad_y_c)}, {DNNL_ARG_DIFF_SRC, data(grad_x)},
-      {DNNL_ARG_MEAN, vec(mean)}, {DNNL_ARG_VARIANCE, vec(variance)}, {DNNL_ARG_SCALE, vec(scale)},
-      {DNNL_ARG_DIFF_SCALE, vec(grad_scale)}, {DNNL_ARG_DIFF_SHIFT, vec(grad_shift)}};
-  if (fuse_relu) {
-    args.insert({DNNL_ARG_WORKSPACE, memory(p.forward.workspace_desc(), cpu_engine(),
-                                            const_cast<uint8_t*>(workspace.data<uint8_t>()))});
-  }
-  p.backward_prim.execute(stream, args);
-  stream.wait();
-  return {grad_x, grad_scale, grad_shift};
+  return guarded("batch_norm (backward)", is_bf16(x), [&]() -> std::vector<paddle::Tensor> {
+    const auto dims = dnnl_dims(x.shape(), channels_last);
+    const auto& p = norm_primitives(dims, channels_last, epsilon, fuse_relu, is_bf16(x));
+    auto grad_y_c = grad_y.is_contiguous() ? grad_y : grad_y.contiguous();
+    PD_CHECK(grad_y_c.dtype() == x.dtype(), "ppdlx onednn batch_norm: the output's gradient changed type");
+    auto grad_x = paddle::empty(x.shape(), x.dtype(), paddle::CPUPlace());
+    auto grad_scale = paddle::empty({dims[1]}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+    auto grad_shift = paddle::empty({dims[1]}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+    const auto layout = channels_last ? tag::nhwc : tag::nchw;
+    auto data = [&](const paddle::Tensor& t) { return plain(dims, layout, t); };
+    dnnl::stream stream(cpu_engine());
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, data(x)}, {DNNL_ARG_DIFF_DST, data(grad_y_c)}, {DNNL_ARG_DIFF_SRC, data(grad_x)},
+        {DNNL_ARG_MEAN, vec(mean)}, {DNNL_ARG_VARIANCE, vec(variance)}, {DNNL_ARG_SCALE, vec(scale)},
+        {DNNL_ARG_DIFF_SCALE, vec(grad_scale)}, {DNNL_ARG_DIFF_SHIFT, vec(grad_shift)}};
+    if (fuse_relu) {
+      args.insert({DNNL_ARG_WORKSPACE, memory(p.forward.workspace_desc(), cpu_engine(),
+                                              const_cast<uint8_t*>(workspace.data<uint8_t>()))});
+    }
+    p.backward_prim.execute(stream, args);
+    stream.wait();
+    return {grad_x, grad_scale, grad_shift};
+  });
 }
 
 std::vector<std::vector<int64_t>> OneDNNBatchNormInferShape(const std::vector<int64_t>& x_shape,
@@ -169,36 +173,40 @@ const PoolPrimitives& pool_primitives(const std::vector<int64_t>& x_shape, const
 std::vector<paddle::Tensor> OneDNNMaxPoolForward(const paddle::Tensor& x, const std::vector<int>& kernel,
                                                  const std::vector<int>& strides, const std::vector<int>& paddings,
                                                  bool channels_last) {
-  check_activation(x, "max_pool2d");
-  const auto& p = pool_primitives(x.shape(), kernel, strides, paddings, channels_last, is_bf16(x));
-  auto y = paddle::empty(paddle_shape(p.dst, channels_last), x.dtype(), paddle::CPUPlace());
-  auto workspace = paddle::empty({static_cast<int64_t>(p.forward.workspace_desc().get_size())},
-                                 paddle::DataType::UINT8, paddle::CPUPlace());
-  dnnl::stream stream(cpu_engine());
-  p.forward_prim.execute(
-      stream, {{DNNL_ARG_SRC, plain(p.src, p.layout, x)},
-               {DNNL_ARG_DST, plain(p.dst, p.layout, y)},
-               {DNNL_ARG_WORKSPACE, memory(p.forward.workspace_desc(), cpu_engine(), workspace.data<uint8_t>())}});
-  stream.wait();
-  return {y, workspace};
+  return guarded("max_pool2d", is_bf16(x), [&]() -> std::vector<paddle::Tensor> {
+    check_activation(x, "max_pool2d");
+    const auto& p = pool_primitives(x.shape(), kernel, strides, paddings, channels_last, is_bf16(x));
+    auto y = paddle::empty(paddle_shape(p.dst, channels_last), x.dtype(), paddle::CPUPlace());
+    auto workspace = paddle::empty({static_cast<int64_t>(p.forward.workspace_desc().get_size())},
+                                   paddle::DataType::UINT8, paddle::CPUPlace());
+    dnnl::stream stream(cpu_engine());
+    p.forward_prim.execute(
+        stream, {{DNNL_ARG_SRC, plain(p.src, p.layout, x)},
+                 {DNNL_ARG_DST, plain(p.dst, p.layout, y)},
+                 {DNNL_ARG_WORKSPACE, memory(p.forward.workspace_desc(), cpu_engine(), workspace.data<uint8_t>())}});
+    stream.wait();
+    return {y, workspace};
+  });
 }
 
 std::vector<paddle::Tensor> OneDNNMaxPoolBackward(const paddle::Tensor& x, const paddle::Tensor& workspace,
                                                   const paddle::Tensor& grad_y, const std::vector<int>& kernel,
                                                   const std::vector<int>& strides, const std::vector<int>& paddings,
                                                   bool channels_last) {
-  const auto& p = pool_primitives(x.shape(), kernel, strides, paddings, channels_last, is_bf16(x));
-  auto grad_y_c = grad_y.is_contiguous() ? grad_y : grad_y.contiguous();
-  PD_CHECK(grad_y_c.dtype() == x.dtype(), "ppdlx onednn max_pool2d: the output's gradient changed type");
-  auto grad_x = paddle::empty(x.shape(), x.dtype(), paddle::CPUPlace());
-  dnnl::stream stream(cpu_engine());
-  p.backward_prim.execute(
-      stream, {{DNNL_ARG_DIFF_DST, plain(p.dst, p.layout, grad_y_c)},
-               {DNNL_ARG_DIFF_SRC, plain(p.src, p.layout, grad_x)},
-               {DNNL_ARG_WORKSPACE, memory(p.forward.workspace_desc(), cpu_engine(),
-                                           const_cast<uint8_t*>(workspace.data<uint8_t>()))}});
-  stream.wait();
-  return {grad_x};
+  return guarded("max_pool2d (backward)", is_bf16(x), [&]() -> std::vector<paddle::Tensor> {
+    const auto& p = pool_primitives(x.shape(), kernel, strides, paddings, channels_last, is_bf16(x));
+    auto grad_y_c = grad_y.is_contiguous() ? grad_y : grad_y.contiguous();
+    PD_CHECK(grad_y_c.dtype() == x.dtype(), "ppdlx onednn max_pool2d: the output's gradient changed type");
+    auto grad_x = paddle::empty(x.shape(), x.dtype(), paddle::CPUPlace());
+    dnnl::stream stream(cpu_engine());
+    p.backward_prim.execute(
+        stream, {{DNNL_ARG_DIFF_DST, plain(p.dst, p.layout, grad_y_c)},
+                 {DNNL_ARG_DIFF_SRC, plain(p.src, p.layout, grad_x)},
+                 {DNNL_ARG_WORKSPACE, memory(p.forward.workspace_desc(), cpu_engine(),
+                                             const_cast<uint8_t*>(workspace.data<uint8_t>()))}});
+    stream.wait();
+    return {grad_x};
+  });
 }
 
 std::vector<std::vector<int64_t>> OneDNNMaxPoolInferShape(const std::vector<int64_t>& x_shape,
@@ -274,32 +282,37 @@ memory flat(const memory::desc& data, const paddle::Tensor& t) {
 }  // namespace
 
 std::vector<paddle::Tensor> OneDNNAddReluForward(const paddle::Tensor& a, const paddle::Tensor& b) {
-  check_activation(a, "add_relu");
-  check_activation(b, "add_relu");
-  PD_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype(), "ppdlx onednn add_relu: same shape and type expected");
-  const auto& p = add_relu_primitives(a.numel(), is_bf16(a));
-  auto y = paddle::empty(a.shape(), a.dtype(), paddle::CPUPlace());
-  dnnl::stream stream(cpu_engine());
-  p.add_prim.execute(stream, {{DNNL_ARG_SRC_0, flat(p.data, a)}, {DNNL_ARG_SRC_1, flat(p.data, b)},
-                              {DNNL_ARG_DST, flat(p.data, y)}});
-  stream.wait();
-  return {y};
+  return guarded("add_relu", is_bf16(a), [&]() -> std::vector<paddle::Tensor> {
+    check_activation(a, "add_relu");
+    check_activation(b, "add_relu");
+    PD_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype(), "ppdlx onednn add_relu: same shape and type expected");
+    const auto& p = add_relu_primitives(a.numel(), is_bf16(a));
+    auto y = paddle::empty(a.shape(), a.dtype(), paddle::CPUPlace());
+    dnnl::stream stream(cpu_engine());
+    p.add_prim.execute(stream, {{DNNL_ARG_SRC_0, flat(p.data, a)}, {DNNL_ARG_SRC_1, flat(p.data, b)},
+                                {DNNL_ARG_DST, flat(p.data, y)}});
+    stream.wait();
+    return {y};
+  });
 }
 
 std::vector<paddle::Tensor> OneDNNAddReluBackward(const paddle::Tensor& y, const paddle::Tensor& grad_y) {
-  auto grad_y_c = grad_y.is_contiguous() ? grad_y : grad_y.contiguous();
-  PD_CHECK(grad_y_c.dtype() == y.dtype(), "ppdlx onednn add_relu: the output's gradient changed type");
-  const auto& p = add_relu_primitives(y.numel(), is_bf16(y));
-  auto grad_a = paddle::empty(y.shape(), y.dtype(), paddle::CPUPlace());
-  auto grad_b = paddle::empty(y.shape(), y.dtype(), paddle::CPUPlace());
-  dnnl::stream stream(cpu_engine());
-  // Two outputs, not one tensor for both: Paddle may accumulate into a gradient buffer in place.
-  for (auto* grad : {&grad_a, &grad_b}) {
-    p.relu_backward_prim.execute(stream, {{DNNL_ARG_DST, flat(p.data, y)}, {DNNL_ARG_DIFF_DST, flat(p.data, grad_y_c)},
-                                          {DNNL_ARG_DIFF_SRC, flat(p.data, *grad)}});
-  }
-  stream.wait();
-  return {grad_a, grad_b};
+  return guarded("add_relu (backward)", is_bf16(y), [&]() -> std::vector<paddle::Tensor> {
+    auto grad_y_c = grad_y.is_contiguous() ? grad_y : grad_y.contiguous();
+    PD_CHECK(grad_y_c.dtype() == y.dtype(), "ppdlx onednn add_relu: the output's gradient changed type");
+    const auto& p = add_relu_primitives(y.numel(), is_bf16(y));
+    auto grad_a = paddle::empty(y.shape(), y.dtype(), paddle::CPUPlace());
+    auto grad_b = paddle::empty(y.shape(), y.dtype(), paddle::CPUPlace());
+    dnnl::stream stream(cpu_engine());
+    // Two outputs, not one tensor for both: Paddle may accumulate into a gradient buffer in place.
+    for (auto* grad : {&grad_a, &grad_b}) {
+      p.relu_backward_prim.execute(stream, {{DNNL_ARG_DST, flat(p.data, y)},
+                                            {DNNL_ARG_DIFF_DST, flat(p.data, grad_y_c)},
+                                            {DNNL_ARG_DIFF_SRC, flat(p.data, *grad)}});
+    }
+    stream.wait();
+    return {grad_a, grad_b};
+  });
 }
 
 std::vector<std::vector<int64_t>> OneDNNAddReluInferShape(const std::vector<int64_t>& a_shape,
@@ -350,17 +363,19 @@ std::vector<paddle::Tensor> OneDNNForkForward(const paddle::Tensor& x) {
 std::vector<paddle::Tensor> OneDNNForkBackward(const paddle::Tensor& grad_a, const paddle::Tensor& grad_b) {
   if (!grad_b.initialized()) return {grad_a};
   if (!grad_a.initialized()) return {grad_b};
-  auto a = grad_a.is_contiguous() ? grad_a : grad_a.contiguous();
-  auto b = grad_b.is_contiguous() ? grad_b : grad_b.contiguous();
-  PD_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype(),
-           "ppdlx onednn fork: the gradients differ in shape or type");
-  const memory::desc data = flat_desc(a.numel(), is_bf16(a));
-  auto grad_x = paddle::empty(a.shape(), a.dtype(), paddle::CPUPlace());
-  dnnl::stream stream(cpu_engine());
-  sum_primitive(a.numel(), is_bf16(a)).execute(
-      stream, {{DNNL_ARG_SRC_0, flat(data, a)}, {DNNL_ARG_SRC_1, flat(data, b)}, {DNNL_ARG_DST, flat(data, grad_x)}});
-  stream.wait();
-  return {grad_x};
+  return guarded("fork (backward)", is_bf16(grad_a), [&]() -> std::vector<paddle::Tensor> {
+    auto a = grad_a.is_contiguous() ? grad_a : grad_a.contiguous();
+    auto b = grad_b.is_contiguous() ? grad_b : grad_b.contiguous();
+    PD_CHECK(a.shape() == b.shape() && a.dtype() == b.dtype(),
+             "ppdlx onednn fork: the gradients differ in shape or type");
+    const memory::desc data = flat_desc(a.numel(), is_bf16(a));
+    auto grad_x = paddle::empty(a.shape(), a.dtype(), paddle::CPUPlace());
+    dnnl::stream stream(cpu_engine());
+    sum_primitive(a.numel(), is_bf16(a)).execute(
+        stream, {{DNNL_ARG_SRC_0, flat(data, a)}, {DNNL_ARG_SRC_1, flat(data, b)}, {DNNL_ARG_DST, flat(data, grad_x)}});
+    stream.wait();
+    return {grad_x};
+  });
 }
 
 std::vector<std::vector<int64_t>> OneDNNForkInferShape(const std::vector<int64_t>& x_shape) {

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import ppdlx.optim.rmsprop_tf  # noqa: F401  (registers rmsprop_tf)
 from ppdlx.optim.optimizers import flat_optimizer, grad_clip, is_no_decay, param_groups
-from ppdlx.optim.schedules import build_lr_schedule, scaled_lr
+from ppdlx.optim.schedules import batch_change_line, build_lr_schedule, global_batch_record, scaled_lr
 from ppdlx.registry import OPTIMIZERS
 
-__all__ = ["build_lr_schedule", "build_optimizer", "flat_optimizer", "grad_clip", "is_no_decay", "optimizer_groups",
-           "param_groups", "scaled_lr"]
+__all__ = ["batch_change_line", "build_lr_schedule", "build_optimizer", "flat_optimizer", "global_batch_record",
+           "grad_clip", "is_no_decay", "optimizer_groups", "param_groups", "scaled_lr"]
 
 
 def optimizer_groups(cfg, model) -> list:
     """:func:`param_groups` of ``model`` as ``cfg.optimizer`` asks (which parameters decay)."""
-    o = cfg.optimizer
-    return param_groups(model, o.weight_decay, o.decay_bn_and_bias, o.decay_params)
+    return param_groups(model, cfg.optimizer.weight_decay, cfg.optimizer.decay_params)
 
 
 def build_optimizer(cfg, model, lr_schedule, multi_precision=False):

@@ -1,5 +1,5 @@
 """The classification task (``data.dataset: image_folder``): top-1/top-5, label-smoothed
-cross-entropy with mixup, knowledge distillation, every graph mode. Every checkpoint carries the
+cross-entropy with Mixup / CutMix, knowledge distillation, every graph mode. Every checkpoint carries the
 training class list, which evaluation, resume and export check against the class folders
 (``class_list``)."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import List, Optional
 from ppdlx.analysis import classification_analysis
 from ppdlx.config.preprocess import classification_preprocess
 from ppdlx.data.loader import build_classification_loader
+from ppdlx.data.mixing import MixSpec
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.evaluation.classification import ClassificationEvaluator
 from ppdlx.losses import build_loss
@@ -85,7 +86,7 @@ class Classification(Task):
         criterion = build_loss(cfg, data.num_classes)
         if cfg.distill.enabled:
             return build_distillation_objective(cfg, criterion)
-        return ClassificationObjective(criterion, cfg.train.mixup_alpha, cfg.global_.seed)
+        return ClassificationObjective(criterion, MixSpec.of(cfg.train), cfg.global_.seed, cfg.model.data_format)
 
     def build_evaluator(self, cfg, model, val_loader, rank: int, world: int):
         return ClassificationEvaluator(val_loader, cfg.eval.topk)

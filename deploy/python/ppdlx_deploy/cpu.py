@@ -18,6 +18,16 @@ FLAGS_THAT_MATTER = ("sse4_2", "avx", "fma", "avx2", "avx512f", "avx512bw", "avx
                      "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+# oneDNN's instruction-set levels, lowest first, each with the flags it adds to the one below. Its
+# ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) caps the level it dispatches to, and the features here
+# follow the cap: a path chosen by these flags is one oneDNN will run.
+ONEDNN_ISA_LEVELS = (("SSE41", ("sse4_2",)), ("AVX", ("avx",)), ("AVX2", ("fma", "avx2")),
+                     ("AVX2_VNNI", ("avx_vnni",)), ("AVX2_VNNI_2", ()),
+                     ("AVX512_CORE", ("avx512f", "avx512bw", "avx512vl")), ("AVX512_CORE_VNNI", ("avx512_vnni",)),
+                     ("AVX512_CORE_BF16", ("avx512_bf16",)), ("AVX512_CORE_FP16", ("avx512_fp16",)),
+                     ("AVX512_CORE_AMX", ("amx_tile", "amx_bf16", "amx_int8")), ("AVX512_CORE_AMX_FP16", ()))
+ONEDNN_ISA_ALIASES = {"AVX10_1_512": "AVX512_CORE_FP16", "AVX10_1_512_AMX": "AVX512_CORE_AMX",
+                      "AVX10_1_512_AMX_FP16": "AVX512_CORE_AMX_FP16"}
 # Environment variables that change how the CPU libraries (OpenMP, MKL, oneDNN) use threads and
 # instruction sets: benchmark reports record them.
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DEBUG_CPU_TYPE", "MKL_ENABLE_INSTRUCTIONS", "KMP_BLOCKTIME",
@@ -49,13 +59,37 @@ def _as_int(value: Optional[str]) -> Optional[int]:
         return None
 
 
-def parse_cpuinfo(text: str, usable: Optional[Iterable[int]] = None) -> dict:
+def onednn_isa_cap(environ=None) -> Optional[str]:
+    """The oneDNN instruction-set level the environment caps dispatch at (``ONEDNN_MAX_CPU_ISA``, else
+    ``DNNL_MAX_CPU_ISA``, as oneDNN reads them), or None: no cap (unset, ``ALL``, ``DEFAULT``, or a
+    value oneDNN does not know and ignores)."""
+    environ = os.environ if environ is None else environ
+    value = (environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    value = ONEDNN_ISA_ALIASES.get(value, value)
+    return value if value in dict(ONEDNN_ISA_LEVELS) else None
+
+
+def flags_within(flags: Iterable[str], cap: Optional[str]) -> set:
+    """The ``flags`` oneDNN may use under the level ``cap`` (all of them when None): those of the
+    instruction-set levels up to the cap, and the flags no level names."""
+    flags = set(flags)
+    if cap is None:
+        return flags
+    names = [name for name, _ in ONEDNN_ISA_LEVELS]
+    above = {f for name, added in ONEDNN_ISA_LEVELS[names.index(cap) + 1:] for f in added}
+    return flags - above
+
+
+def parse_cpuinfo(text: str, usable: Optional[Iterable[int]] = None, isa_cap: Optional[str] = None) -> dict:
     """The features of the CPU that /proc/cpuinfo ``text`` describes. ``usable``: the processor
     numbers this process may run on (its affinity); their logical CPUs and physical cores are
-    counted as ``usable_cpus`` / ``usable_physical_cores`` (None when the text has no core ids)."""
+    counted as ``usable_cpus`` / ``usable_physical_cores`` (None when the text has no core ids).
+    ``flags`` are those oneDNN may use under ``isa_cap`` (:func:`onednn_isa_cap`); ``hardware_flags``
+    all the CPU has."""
     blocks = _processor_blocks(text)
     first = blocks[0] if blocks else {}
-    flags = set((first.get("flags") or first.get("Features") or "").split())
+    hardware = set((first.get("flags") or first.get("Features") or "").split())
+    flags = flags_within(hardware, isa_cap)
     cores = {(b.get("physical id"), b.get("core id")) for b in blocks if "core id" in b}
     features = {
         "vendor": first.get("vendor_id"),
@@ -66,6 +100,8 @@ def parse_cpuinfo(text: str, usable: Optional[Iterable[int]] = None) -> dict:
         "physical_cores": len(cores) or None,
         "sockets": len({b.get("physical id") for b in blocks if "physical id" in b}) or None,
         "flags": [f for f in FLAGS_THAT_MATTER if f in flags],
+        "hardware_flags": [f for f in FLAGS_THAT_MATTER if f in hardware],
+        "onednn_max_cpu_isa": isa_cap,
     }
     if usable is not None:
         usable = {int(u) for u in usable}
@@ -85,7 +121,7 @@ def cpu_features(path: str = CPUINFO) -> dict:
     except OSError:
         text = ""
     usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    return parse_cpuinfo(text, usable)
+    return parse_cpuinfo(text, usable, onednn_isa_cap())
 
 
 def thread_environment() -> dict:
@@ -102,6 +138,12 @@ def has_bf16(features: dict) -> bool:
     return has_any(features, BF16_FLAGS)
 
 
+def onednn_runs_bf16(features: dict) -> bool:
+    """oneDNN has bf16 primitives for ppdlx's ops here: AVX-512 (avx512_core) at least, where it
+    emulates what the CPU lacks. Below it, a bf16 primitive cannot even be created."""
+    return {"avx512f", "avx512bw", "avx512vl"} <= set(features.get("flags", ()))
+
+
 def has_vnni(features: dict) -> bool:
     """int8 dot products in hardware (without them int8 kernels gain little over fp32)."""
     return has_any(features, VNNI_FLAGS)
@@ -113,8 +155,8 @@ def mkl_debug_cpu_type_for(features: dict) -> Optional[str]:
     MKL versions that honour the variable pick their AVX2 kernels only for GenuineIntel CPUs and
     fall back to SSE paths elsewhere; type 5 forces the AVX2 paths. So it helps exactly on a
     non-Intel CPU with avx2. On an Intel CPU MKL already dispatches by features, and on one with
-    AVX-512 type 5 would cap it at AVX2."""
+    AVX-512 type 5 would cap it at AVX2. MKL does not follow oneDNN's cap: the hardware decides."""
     vendor = features.get("vendor")
-    if vendor and vendor != "GenuineIntel" and "avx2" in features.get("flags", ()):
+    if vendor and vendor != "GenuineIntel" and "avx2" in features.get("hardware_flags", features.get("flags", ())):
         return "5"
     return None
