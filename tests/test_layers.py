@@ -38,7 +38,7 @@ SOURCES = {"ppdlx": os.path.join(ROOT, "ppdlx"), "ppdlx_deploy": os.path.join(RO
 LAYERS = (
     ("ppdlx.errors", "ppdlx.cpu_features"),                                 # what everything may raise and read
     ("ppdlx", "ppdlx.registry", "ppdlx.config"),                             # the package, registries, the config
-    ("ppdlx.cpu_env", "ppdlx.dist", "ppdlx.ops"),                            # this process; the compiled CPU ops
+    ("ppdlx.cpu_env", "ppdlx.dist", "ppdlx.processes", "ppdlx.ops"),         # processes; the compiled CPU ops
     ("ppdlx.layers",),                                                       # building blocks, their CPU kernels
     ("ppdlx.models", "ppdlx.data", "ppdlx.optim", "ppdlx.losses"),
     ("ppdlx.weights", "ppdlx.evaluation", "ppdlx.analysis"),
@@ -57,6 +57,9 @@ LAYER_OF = {area: level for level, areas in enumerate(LAYERS) for area in areas}
 OPTIONAL_PACKAGES = {"matplotlib", "visualdl", "onnx", "onnxruntime", "onnxoptimizer", "paddle2onnx", "torch",
                      "torchvision", "timm", "effdet", "nvidia", "pycocotools", "safetensors", "openvino", "tensorrt",
                      "sklearn", "scipy"}
+# deploy/ imports paddle on use, never at the top (ppdlx_deploy's docstring: MKL's switch comes first, and an
+# onnxruntime or OpenVINO deployment loads no Paddle), so there paddle is one of the optional packages.
+OPTIONAL_PACKAGES_IN = {"ppdlx": OPTIONAL_PACKAGES, "ppdlx_deploy": OPTIONAL_PACKAGES | {"paddle"}}
 # The modules that may compare a task, family or dataset name: the task plug-ins (deploy/: its post-processing,
 # which turns each family's outputs into results).
 TASK_NAMES = {"classification", "detection", "image_folder", "coco"}
@@ -252,20 +255,6 @@ def _where(module: str, line: int) -> str:
 
 AREAS = sorted({_area(m) for m in MODULES if m.startswith("ppdlx.") or m == "ppdlx"})
 DEPLOY = "ppdlx_deploy"
-# What deploy/ still breaks of the rules, named: its predictors, tuning and benchmark modules are being rewritten
-# (issue 45, which removes the cycle); the rest is left to that rewrite too.
-DEPLOY_CYCLE = pytest.mark.xfail(strict=False, reason=(
-    "deploy/python/ppdlx_deploy (issue 45 rewrites it): benchmark <-> kernel_profile and predictors -> tuning -> "
-    "benchmark -> predictors are import cycles"))
-DEPLOY_FUNCTION_IMPORTS = pytest.mark.xfail(strict=False, reason=(
-    "deploy/python/ppdlx_deploy (issue 45 rewrites it): the cycle above is hidden by imports inside functions "
-    "(benchmark, kernel_profile, predictors), paddle is imported on use in six modules without the reason beside "
-    "it, and numpy inside trt.convert_pir_trt"))
-DEPLOY_FAMILY_NAMES = pytest.mark.xfail(strict=False, reason=(
-    "deploy/python/ppdlx_deploy compares the export's family outside its post-processing: cli._print_results "
-    "('classification'), plan.build_plan ('detection', the fp16 note)"))
-
-
 def _in_package(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
@@ -315,7 +304,7 @@ def _cycles_through(in_area) -> list:
             for component in _strongly_connected(graph) if any(in_area(m) for m in component)]
 
 
-@pytest.mark.parametrize("area", AREAS + [pytest.param(DEPLOY, marks=DEPLOY_CYCLE)])
+@pytest.mark.parametrize("area", AREAS + [DEPLOY])
 def test_no_import_cycle_through(area):
     cycles = _cycles_through(_in(area))
     assert not cycles, f"import cycles through {area}:\n" + "\n".join(cycles)
@@ -353,7 +342,7 @@ def _optional_backend(target: str) -> bool:
         for _, in_function, names in _imports(target) for name in names[:1])
 
 
-def _function_imports_in(tree, lines, backend=lambda names: False) -> list:
+def _function_imports_in(tree, lines, backend=lambda names: False, optional=OPTIONAL_PACKAGES) -> list:
     """``[(line, imported name, has a reason)]`` of the imports inside functions that the rule refuses: anything but
     an optional package (or a module of ours that needs one: ``backend(names)``), and those without a comment
     giving the reason (on the line, or the line above)."""
@@ -367,7 +356,7 @@ def _function_imports_in(tree, lines, backend=lambda names: False) -> list:
                 else:
                     name = "." * child.level + (child.module or "")
                     names = [name] + [f"{name}.{alias.name}".replace("..", ".") for alias in child.names]
-                allowed = name.split(".")[0] in OPTIONAL_PACKAGES or backend(names)
+                allowed = name.split(".")[0] in optional or backend(names)
                 reason = "#" in lines[child.lineno - 1] or lines[child.lineno - 2].strip().startswith("#")
                 if not allowed or not reason:
                     found.append((child.lineno, name, allowed))
@@ -386,7 +375,8 @@ def _function_import_problems(in_area) -> list:
         def backend(names, module=module):
             return any(_known_prefix(_from_name(module, n)) == _from_name(module, n) and
                        _optional_backend(_from_name(module, n)) for n in names)
-        for line, name, allowed in _function_imports_in(TREES[module], lines, backend):
+        for line, name, allowed in _function_imports_in(TREES[module], lines, backend,
+                                                         OPTIONAL_PACKAGES_IN[module.split(".")[0]]):
             why = "no comment giving the reason" if allowed else "not an optional package: import it at the top"
             problems.append(f"{_where(module, line)}: import {name} inside a function ({why})")
     return problems
@@ -404,7 +394,7 @@ def _from_name(module: str, name: str) -> str:
     return f"{package}.{rest}" if rest else package
 
 
-@pytest.mark.parametrize("area", AREAS + [pytest.param(DEPLOY, marks=DEPLOY_FUNCTION_IMPORTS)])
+@pytest.mark.parametrize("area", AREAS + [DEPLOY])
 def test_imports_inside_functions_only_for_optional_packages(area):
     """Imports stand at the top of their module; inside a function only an optional third-party package (or a
     module of ours that needs one, e.g. a DALI backend), with the reason in a comment beside it."""
@@ -441,7 +431,7 @@ def _task_compares_outside_plugins(in_area) -> list:
             for line, name in _task_compares_in(TREES[module])]
 
 
-@pytest.mark.parametrize("area", AREAS + ["tools", pytest.param(DEPLOY, marks=DEPLOY_FAMILY_NAMES)])
+@pytest.mark.parametrize("area", AREAS + ["tools", DEPLOY])
 def test_no_task_name_compared_outside_the_task_plugins(area):
     """Nothing outside the task plug-ins asks which task, family or dataset a run is by its name: callers ask the
     task object (``ppdlx.tasks.task_of``), and a name read from a file selects its plug-in through a registry

@@ -44,6 +44,11 @@ class CocoDetection(IndexedByCoco):
         self.data_format = data_format
         self.seed, self.epoch = seed, 0
 
+    @staticmethod
+    def folders_outside_root(cfg) -> list:
+        """``[(setting, folder)]`` read besides ``data.root``: the image folders, which may be given elsewhere."""
+        return [(f"data.coco.{split}_images", coco_paths(cfg, split)[1]) for split in ("train", "val")]
+
     # metadata
     @property
     def records(self):
