@@ -12,7 +12,6 @@ in-process next to Paddle on 2 cores than alone).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time

@@ -79,7 +79,7 @@ def verify_cases(model_dir: str, meta: dict, deploy=ppdlx_deploy, cuda: Optional
         except ImportError:
             cases.append({"backend": "onnxruntime", "precision": "fp32", "skipped": "onnxruntime is not installed"})
     if not quantized and (os.path.isfile(onnx_file) or files["format"] == "program"):  # what OpenVINO reads
-        cases.append({"backend": "openvino", "precision": "fp32"} if D.runtime_installed("openvino") else
+        cases.append({"backend": "openvino", "precision": "fp32"} if deploy.runtime_installed("openvino") else
                      {"backend": "openvino", "precision": "fp32", "skipped": "openvino is not installed"})
     if cuda and quantized:  # its quantize ops are int8 only through TensorRT on a GPU
         cases.append({"backend": "trt", "precision": "int8"})

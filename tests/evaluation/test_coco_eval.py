@@ -3,7 +3,6 @@ sharded evaluation counts every image once."""
 import contextlib
 import io
 import json
-import os
 
 import numpy as np
 import paddle

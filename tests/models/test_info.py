@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import paddle
-import pytest
 
 import ppdlx.models  # noqa: F401
 from ppdlx.config import load_config

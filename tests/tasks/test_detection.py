@@ -11,7 +11,7 @@ import pytest
 
 from ppdlx.config import load_config
 from ppdlx.data.synthetic_coco import make_synthetic_coco
-from ppdlx.errors import ConfigError, DataError
+from ppdlx.errors import DataError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(ROOT, "configs", "demo", "efficientdet_demo.yaml")

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 from ppdlx.checkpoint import convert_weights
 from ppdlx.config import load_config
