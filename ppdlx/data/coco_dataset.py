@@ -135,7 +135,7 @@ class CocoCollate:
         return arrays + (skipped,)
 
 
-class CocoLoader(PaddleIOLoader):
+class CocoLoader(PaddleIOLoader, IndexedByCoco):
     """Yields ``(images, gt_boxes, gt_classes, image_ids, image_scales)`` paddle tensors:
     ``[N,3,S,S]`` float32, ``[N,max,4]`` yxyx float32, ``[N,max]`` int64 (-1 pad), ``[N]`` int64,
     ``[N]`` float32 (original / resized), and with ``targets`` the anchor targets it returns (``CocoCollate``).
@@ -144,30 +144,11 @@ class CocoLoader(PaddleIOLoader):
     def __init__(self, dataset: CocoDetection, batch_sampler, workers: int, targets=None):
         super().__init__(dataset, batch_sampler, workers, CocoCollate(targets))
         self.source = dataset.index.json_path
+        self.index = dataset.index  # the split's CocoIndex, as the DALI loader's
+        self.image_size = dataset.size
 
     def path_of(self, index: int) -> str:
         return self.dataset.records[index]["path"]
-
-    @property
-    def index(self):
-        """The split's ``CocoIndex`` (as the DALI loader's ``index``)."""
-        return self.dataset.index
-
-    @property
-    def classes(self):
-        return self.dataset.classes
-
-    @property
-    def cat_ids(self):
-        return self.dataset.cat_ids
-
-    @property
-    def coco_gt(self):
-        return self.dataset.coco_gt
-
-    @property
-    def image_size(self):
-        return self.dataset.size
 
 
 def build_coco_dataset(cfg, split: str, cat_ids=None) -> CocoDetection:
