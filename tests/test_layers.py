@@ -31,7 +31,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LINES = 400
 # Where each package's code lives (deploy/python/ppdlx_deploy is deployed without ppdlx).
-SOURCES = {"ppdlx": os.path.join(ROOT, "ppdlx"), "ppdlx_deploy": os.path.join(ROOT, "deploy", "python", "ppdlx_deploy")}
+SOURCES = {"ppdlx": os.path.join(ROOT, "ppdlx"), "ppdlx_deploy": os.path.join(ROOT, "deploy", "python", "ppdlx_deploy"),
+           "ppdlx_triton": os.path.join(ROOT, "deploy", "triton", "ppdlx_triton")}
 
 # The layers of ppdlx, bottom up: a module imports from its own area and from the layers below its area's, never
 # from an area beside it in the same layer nor above it. docs/DESIGN.md draws the same order.
@@ -59,11 +60,13 @@ OPTIONAL_PACKAGES = {"matplotlib", "visualdl", "onnx", "onnxruntime", "onnxoptim
                      "sklearn", "scipy"}
 # deploy/ imports paddle on use, never at the top (ppdlx_deploy's docstring: MKL's switch comes first, and an
 # onnxruntime or OpenVINO deployment loads no Paddle), so there paddle is one of the optional packages.
-OPTIONAL_PACKAGES_IN = {"ppdlx": OPTIONAL_PACKAGES, "ppdlx_deploy": OPTIONAL_PACKAGES | {"paddle"}}
+OPTIONAL_PACKAGES_IN = {"ppdlx": OPTIONAL_PACKAGES, "ppdlx_deploy": OPTIONAL_PACKAGES | {"paddle"},
+                        "ppdlx_triton": OPTIONAL_PACKAGES | {"paddle", "tritonclient"}}
 # The modules that may compare a task, family or dataset name: the task plug-ins (deploy/: its post-processing,
-# which turns each family's outputs into results).
+# which turns each family's outputs into results; deploy/triton: serving, the same for a served model).
 TASK_NAMES = {"classification", "detection", "image_folder", "coco"}
-TASK_PLUGINS = {"ppdlx": ("ppdlx.tasks",), "ppdlx_deploy": ("ppdlx_deploy.postprocess",)}
+TASK_PLUGINS = {"ppdlx": ("ppdlx.tasks",), "ppdlx_deploy": ("ppdlx_deploy.postprocess",),
+                "ppdlx_triton": ("ppdlx_triton.serving",)}
 
 
 def _module_files() -> dict:
@@ -254,14 +257,14 @@ def _where(module: str, line: int) -> str:
 
 
 AREAS = sorted({_area(m) for m in MODULES if m.startswith("ppdlx.") or m == "ppdlx"})
-DEPLOY = "ppdlx_deploy"
+DEPLOY = ("ppdlx_deploy", "ppdlx_triton")  # deploy/python and deploy/triton, each checked as one package
 def _in_package(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
 def _in(area: str):
-    """The modules an area checks: one area of ppdlx, or the whole deploy package."""
-    return (lambda module: _in_package(module, DEPLOY)) if area == DEPLOY else (lambda module: _area(module) == area)
+    """The modules an area checks: one area of ppdlx, or a whole deploy package."""
+    return (lambda module: _in_package(module, area)) if area in DEPLOY else (lambda module: _area(module) == area)
 
 
 # ------------------------------------------------------------------------------------------ the rules on small cases
@@ -304,7 +307,7 @@ def _cycles_through(in_area) -> list:
             for component in _strongly_connected(graph) if any(in_area(m) for m in component)]
 
 
-@pytest.mark.parametrize("area", AREAS + [DEPLOY])
+@pytest.mark.parametrize("area", AREAS + list(DEPLOY))
 def test_no_import_cycle_through(area):
     cycles = _cycles_through(_in(area))
     assert not cycles, f"import cycles through {area}:\n" + "\n".join(cycles)
@@ -330,7 +333,8 @@ def test_imports_come_from_lower_layers(area):
 
 def test_deploy_imports_no_ppdlx():
     """deploy/ serves exports without ppdlx installed: it sits beside the layers, below nothing of ppdlx."""
-    wrong = [f"{_where(module, line)}: {module} imports {target}" for module in MODULES if _in_package(module, DEPLOY)
+    wrong = [f"{_where(module, line)}: {module} imports {target}" for module in MODULES
+             if module.split(".")[0] in DEPLOY
              for target, line, _ in _edges_of(module) if target == "ppdlx" or target.startswith("ppdlx.")]
     assert not wrong, "\n".join(wrong)
 
@@ -394,7 +398,7 @@ def _from_name(module: str, name: str) -> str:
     return f"{package}.{rest}" if rest else package
 
 
-@pytest.mark.parametrize("area", AREAS + [DEPLOY])
+@pytest.mark.parametrize("area", AREAS + list(DEPLOY))
 def test_imports_inside_functions_only_for_optional_packages(area):
     """Imports stand at the top of their module; inside a function only an optional third-party package (or a
     module of ours that needs one, e.g. a DALI backend), with the reason in a comment beside it."""
@@ -431,7 +435,7 @@ def _task_compares_outside_plugins(in_area) -> list:
             for line, name in _task_compares_in(TREES[module])]
 
 
-@pytest.mark.parametrize("area", AREAS + ["tools", DEPLOY])
+@pytest.mark.parametrize("area", AREAS + ["tools", *DEPLOY])
 def test_no_task_name_compared_outside_the_task_plugins(area):
     """Nothing outside the task plug-ins asks which task, family or dataset a run is by its name: callers ask the
     task object (``ppdlx.tasks.task_of``), and a name read from a file selects its plug-in through a registry
