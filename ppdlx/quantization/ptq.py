@@ -28,9 +28,10 @@ from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.export import META_FILE, find_model_files, read_meta
 from ppdlx.export.files import ModelFiles, file_records, publish_export, staged_export
 from ppdlx.export.meta import write_meta
-from ppdlx.quantization.compare import ONEDNN_INT8_OPS, compare_predictions
+from ppdlx.quantization.compare import compare_predictions
 from ppdlx.quantization.images import (ExportPreprocess, labelled_images, list_images, number_of_batches,
                                        spread_subset)
+from ppdlx.quantization.onednn import ONEDNN_INT8_OPS
 
 log = logging.getLogger("ppdlx")
 
