@@ -41,7 +41,7 @@ from ppdlx.export.onnx_export import OnnxRunner, check_close, export_onnx
 from ppdlx.export.onnx_qdq import insert_qdq, quantized_check
 from ppdlx.export.paddle_export import (DETECTION_ROLES, INPUT_NAME, SCALE_NAME, ClassifierForExport,
                                         DetectorForExport, image_shape, run_dynamic, save_classifier, save_detector)
-from ppdlx.quantization.qat import is_quantized, layer_scales, without_quanters
+from ppdlx.quantization.qat import is_quantized, layer_scales, quantized_weights, without_quanters
 
 log = logging.getLogger("ppdlx")
 
@@ -182,12 +182,13 @@ def qdq_onnx(model, save_float: Callable[[str], ModelFiles], onnx_file: str, ops
     QuantizeLinear/DequantizeLinear (:mod:`ppdlx.export.onnx_qdq`). Returns the counts."""
     source = os.path.join(os.path.dirname(onnx_file), SOURCE_DIR)
     try:
-        with without_quanters(model):
+        with quantized_weights(model), without_quanters(model):  # int8 weights: the training's rounding
             files = save_float(source)
+        scales = layer_scales(model)
         export_onnx(files, onnx_file, opset=opset)
     finally:
         shutil.rmtree(source, ignore_errors=True)
-    return insert_qdq(onnx_file, layer_scales(model))
+    return insert_qdq(onnx_file, scales)
 
 
 def classification_onnx(graph: ExportGraph, spec: dict, onnx_file: str, data_format: str, opset: int,

@@ -24,8 +24,7 @@ from paddle.framework import core
 from paddle.static.quantization import QuantWeightPass, ReplaceFakeQuantDequantPass
 
 from ppdlx.export.files import ModelFiles, find_model_files
-from ppdlx.quantization.qat import (BITS, NVIDIA_QUANTIZED_OPS, activation_quanters, refresh_weight_scales,
-                                    summary)
+from ppdlx.quantization.qat import BITS, NVIDIA_QUANTIZED_OPS, activation_quanters, quantized_weights, summary
 
 QDQ_OPS = ("quantize_linear", "dequantize_linear")
 
@@ -56,10 +55,10 @@ def convert_fake_quant_program(files: ModelFiles) -> Dict[str, int]:
 def save_int8_program(model, save) -> ModelFiles:
     """``save()`` traces ``model``'s graph as a legacy program (``paddle_export.save_classifier`` /
     ``save_detector`` with ``fmt="program"``) and returns its files; they are then rewritten as the
-    int8 program. The weight quanters' scales are recomputed first: the stored ones are of the last
-    training forward, before the last update or an EMA copy."""
-    refresh_weight_scales(model)
-    files = save()
+    int8 program. The weights are traced fake-quantized (:func:`ppdlx.quantization.qat.quantized_weights`),
+    so the int8 values are the training's."""
+    with quantized_weights(model):
+        files = save()
     if files.format != "program":
         raise ValueError(f"{files.model_file}: the int8 program is written from a legacy .pdmodel")
     convert_fake_quant_program(files)

@@ -35,6 +35,7 @@ from paddle.quantization.quanters.abs_max import FakeQuanterWithAbsMaxObserverLa
 from ppdlx.errors import UnsupportedError
 
 BITS = 8
+ROUND_HALF_TO_EVEN = 0  # the fake ops' round_type: as quantize_linear, ONNX, TensorRT and oneDNN round
 DEFAULT_MOVING_RATE = 0.9  # quant_aware's default, NVIDIA's QAT config keeps it
 # The op types of a Paddle program whose inputs NVIDIA's QAT quantizes (fleet QATOptimizer._gen_qat_config).
 NVIDIA_QUANTIZED_OPS = ("conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2")
@@ -68,8 +69,8 @@ class ChannelWiseAbsMaxQuanterLayer(BaseQuanter):
 
     def forward(self, weight):
         if paddle.in_dynamic_mode() or paddle.base.framework.in_pir_mode():
-            out, scale = _C_ops.fake_channel_wise_quantize_dequantize_abs_max(weight, self._bit_length, 1,
-                                                                              self._axis)
+            out, scale = _C_ops.fake_channel_wise_quantize_dequantize_abs_max(weight, self._bit_length,
+                                                                              ROUND_HALF_TO_EVEN, self._axis)
             _C_ops.assign_out_(scale, self._scale)
             return out
         # legacy IR: what the int8 export traces (ppdlx.export.int8), the op quant_aware inserts
@@ -77,7 +78,8 @@ class ChannelWiseAbsMaxQuanterLayer(BaseQuanter):
         out = helper.create_variable_for_type_inference(weight.dtype)
         helper.append_op(type="fake_channel_wise_quantize_dequantize_abs_max", inputs={"X": [weight]},
                          outputs={"Out": [out], "OutScale": [self._scale]},
-                         attrs={"bit_length": self._bit_length, "round_type": 1, "quant_axis": self._axis})
+                         attrs={"bit_length": self._bit_length, "round_type": ROUND_HALF_TO_EVEN,
+                                "quant_axis": self._axis})
         return out
 
     def scales(self):
@@ -104,19 +106,46 @@ class MovingAverageAbsMaxQuanter(QuanterFactory):
 
 
 class MovingAverageAbsMaxQuanterLayer(FakeQuanterWithAbsMaxObserverLayer):
-    """Paddle's per-tensor activation quanter (``moving_average_abs_max``), whose PIR branch also runs in
-    eval mode: Paddle 3.3.1's writes the op's ``OutScale`` back into the scale in eval mode too, where the
-    op (``is_test``) leaves it unset, so a ``to_static`` or static evaluation stopped with "Tensor not
-    initialized yet" (``paddle/quantization/quanters/abs_max.py:243``)."""
+    """Paddle's per-tensor activation quanter (``moving_average_abs_max``: the range is a moving average of
+    each batch's abs max), with two changes. It rounds half to even (``round_type`` 0), as the export's
+    ``quantize_linear``, ONNX's ``QuantizeLinear``, TensorRT and oneDNN do: Paddle's quanter rounds half
+    away from zero, so the exported program moved the activations that sit on a tie by one step, which add
+    up over a deep network (docs/int8.md). And its PIR branch leaves the range alone in eval
+    mode: Paddle 3.3.1's writes the op's ``OutScale`` back there too, which the op (``is_test``) leaves unset,
+    so a ``to_static`` or static evaluation stopped with "Tensor not initialized yet"
+    (``paddle/quantization/quanters/abs_max.py:243``)."""
 
     def __init__(self, layer, moving_rate: float = DEFAULT_MOVING_RATE, bit_length: int = BITS):
         super().__init__(layer, moving_rate=moving_rate, bit_length=bit_length)
 
+    def dynamic_forward(self, input):
+        return self._fake_quant(input)
+
     def pir_forward(self, input):
-        if not self.training:
-            return _C_ops.fake_quantize_dequantize_moving_average_abs_max(
-                input, self._scale, None, None, self._moving_rate, self._bit_length, True, 1)[0]
-        return super().pir_forward(input)
+        return self._fake_quant(input)
+
+    def _fake_quant(self, input):
+        training = self.training
+        out, scale, state, accum = _C_ops.fake_quantize_dequantize_moving_average_abs_max(
+            input, self._scale, self._accum if training else None, self._state if training else None,
+            self._moving_rate, self._bit_length, not training, ROUND_HALF_TO_EVEN)
+        if training:
+            _C_ops.assign_out_(scale, self._scale)
+            _C_ops.assign_out_(state, self._state)
+            _C_ops.assign_out_(accum, self._accum)
+        return out
+
+    def static_forward(self, input):
+        helper = LayerHelper("fake_quantize_dequantize_moving_average_abs_max")
+        out = helper.create_variable_for_type_inference(input.dtype)
+        inputs, outputs = {"X": [input], "InScale": [self._scale]}, {"Out": [out], "OutScale": [self._scale]}
+        if self.training:
+            inputs.update(InState=[self._state], InAccum=[self._accum])
+            outputs.update(OutState=[self._state], OutAccum=[self._accum])
+        helper.append_op(type="fake_quantize_dequantize_moving_average_abs_max", inputs=inputs, outputs=outputs,
+                         attrs={"moving_rate": self._moving_rate, "bit_length": self._bit_length,
+                                "is_test": not self.training, "round_type": ROUND_HALF_TO_EVEN})
+        return out
 
 
 def quant_config(moving_rate: float = DEFAULT_MOVING_RATE) -> QuantConfig:
@@ -182,6 +211,32 @@ def refresh_weight_scales(model: nn.Layer) -> int:
             paddle.assign(paddle.abs(layer.weight).max(axis=axes).astype("float32"), quanter._scale)
             count += 1
     return count
+
+
+@contextlib.contextmanager
+def quantized_weights(model: nn.Layer) -> Iterator[nn.Layer]:
+    """For the duration, every quantized layer's weight holds its fake-quantized value (an int8 step times
+    its channel's scale) and its quanter the scales of the weight it replaced: what an export writes as
+    int8 is then exactly the training's rounding (numpy's own rounding of the float weight, in float64,
+    lands on the other side of a step now and then). Restored on exit."""
+    refresh_weight_scales(model)
+    saved = []
+    with paddle.no_grad():
+        for layer in model.sublayers(include_self=True):
+            if isinstance(layer, QUANTED_LAYERS) and layer.weight_quanter is not None:
+                saved.append((layer.weight, layer.weight.numpy()))
+                training = layer.weight_quanter.training
+                layer.weight_quanter.eval()
+                scale = layer.weight_quanter._scale.numpy()
+                quantized = layer.weight_quanter(layer.weight)
+                paddle.assign(quantized, layer.weight)
+                layer.weight_quanter._scale.set_value(scale)
+                layer.weight_quanter.train(training)
+    try:
+        yield model
+    finally:
+        for weight, value in saved:
+            weight.set_value(value)
 
 
 @contextlib.contextmanager

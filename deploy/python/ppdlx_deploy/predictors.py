@@ -13,7 +13,7 @@ from . import trt as T
 from .config_calls import apply_plan
 from .errors import DeployError, UnsupportedError
 from .integrity import check_onnx_file, runtime_load_error
-from .meta import load_meta, model_files
+from .meta import load_meta, model_files, onnx_precision
 from .plan import build_plan, check_backend_available, default_threads
 
 
@@ -154,7 +154,7 @@ class OnnxPredictor:
                               f"tools/export_model.py --onnx") from None
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.plan = {"backend": "onnxruntime", "engine": "onnxruntime", "precision": "fp32",
+        self.plan = {"backend": "onnxruntime", "engine": "onnxruntime", "precision": onnx_precision(self.meta),
                      "threads": options.intra_op_num_threads,
                      "notes": [f"onnxruntime {ort.__version__} CPUExecutionProvider, ORT_ENABLE_ALL, "
                                f"{options.intra_op_num_threads} intra-op thread(s)"]}
@@ -174,9 +174,11 @@ def create_predictor(model_dir: str, backend: str, precision: str = "fp32", **kw
     ``cpu_variant="auto"`` pick the plan by measuring the candidates on this machine (once per
     kind of machine, cached: :mod:`ppdlx_deploy.tuning`); its first note says what and why."""
     if backend == "onnxruntime":
-        if precision not in ("fp32", "auto"):
-            raise UnsupportedError(f"--backend onnxruntime --precision {precision}: only fp32 is offered here")
-        return OnnxPredictor(model_dir, threads=kwargs.get("threads"), meta=kwargs.get("meta"))
+        meta = kwargs.get("meta") or load_meta(model_dir)
+        if precision not in (onnx_precision(meta), "auto"):
+            raise UnsupportedError(f"--backend onnxruntime --precision {precision}: this export's ONNX file is "
+                                   f"{onnx_precision(meta)} (onnxruntime runs it as written)")
+        return OnnxPredictor(model_dir, threads=kwargs.get("threads"), meta=meta)
     if backend == "paddle-cpu" and precision == "auto":
         meta = kwargs.get("meta") or load_meta(model_dir)
         kwargs["meta"] = meta
