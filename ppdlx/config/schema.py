@@ -357,6 +357,7 @@ class ExportConfig(Section):
     data_format: Literal["NCHW", "NHWC"] = "NCHW"
     onnx: bool = False
     opset: int = Field(13, ge=7)
+    int8_activation_headroom: Optional[float] = Field(None, ge=1.0)  # QAT int8 program; null: 2 without VNNI
 
 
 class Config(Section):

@@ -18,7 +18,7 @@ from ppdlx.export.families import export_graph, export_onnx_target
 from ppdlx.export.files import ensure_output_dir, file_records, publish_export, staged_export
 from ppdlx.export.paddle_export import PaddleInferenceRunner, random_feeds, run_dynamic
 from ppdlx.export.int8 import int8_program_facts, is_quantized_program, qat_section
-from ppdlx.quantization.onednn import ONEDNN_INT8_OPS
+from ppdlx.quantization.onednn import ONEDNN_INT8_OPS, default_headroom
 from ppdlx.quantization.qat import is_quantized
 
 log = logging.getLogger("ppdlx")
@@ -172,12 +172,20 @@ def apply_evaluation_statistics(cfg, model) -> int:
     return used
 
 
-def qat_meta(model, files, target) -> dict:
+def int8_headroom(setting) -> tuple:
+    """``(factor, reason)`` of a QAT int8 program's activation ranges: ``export.int8_activation_headroom``, or
+    this CPU's need (:func:`ppdlx.quantization.onednn.default_headroom`)."""
+    return (float(setting), "export.int8_activation_headroom") if setting else default_headroom()
+
+
+def qat_meta(model, files, target, headroom) -> dict:
     """``inference.yml``'s ``precision`` (an int8 Paddle program) and ``quantization`` of a
     quantization-aware-trained model's export."""
     int8_program = is_quantized_program(files)
     onnx = (target.meta_section or {}).get("qdq") if target is not None else None
-    section = qat_section(model, int8_program_facts(files) if int8_program else None, onnx, ONEDNN_INT8_OPS)
+    factor = headroom[0] if int8_program else 1.0
+    section = qat_section(model, int8_program_facts(files) if int8_program else None, onnx, ONEDNN_INT8_OPS,
+                          {"factor": factor, "reason": headroom[1] if int8_program else "no int8 program"})
     if not int8_program:
         section["program"] = ("float: the same weights without quantize ops; the detector's post-processing traces "
                               "into PIR only, whose CPU passes drop quantize ops (docs/int8.md); its int8 graph is "
@@ -258,7 +266,8 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
         spec = export_spec
         if fmt is None:
             fmt = "program" if is_quantized(model) and spec["family"] == "classification" else "pir"
-        graph = export_graph(model, spec, staging, data_format, fmt)
+        headroom = int8_headroom(cfg.export.int8_activation_headroom) if is_quantized(model) else None
+        graph = export_graph(model, spec, staging, data_format, fmt, headroom[0] if headroom else 1.0)
         files, inputs = graph.files, graph.inputs
         runner = PaddleInferenceRunner(files, threads=threads, ir_optim=not is_quantized_program(files))
         outputs = _program_outputs(runner, inputs, graph.output_roles)
@@ -286,8 +295,8 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
                                          _checked_run(runner, feeds, files, data_format), atol, rtol)
                     report["checks"][f"paddle_inference_bs{bs}_max_abs_diff"] = diff
                 if target is not None:
-                    onnx_reference = reference if target.layer is graph.layer else \
-                        run_dynamic(target.layer, target.inputs, feeds)
+                    same = target.layer is graph.layer and graph.activation_headroom == 1  # ONNX keeps the ranges
+                    onnx_reference = reference if same else run_dynamic(target.layer, target.inputs, feeds)
                     diff = target.compare(f"onnxruntime vs dynamic, batch {bs}", onnx_reference,
                                           target.runner.run(feeds), atol, rtol)
                     report["checks"][f"onnxruntime_bs{bs}_max_abs_diff"] = diff
@@ -297,7 +306,7 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
         if onnx_section:
             extra["onnx"] = onnx_section
         if is_quantized(model):
-            extra.update(qat_meta(model, files, target))
+            extra.update(qat_meta(model, files, target, headroom))
         meta = M.build_meta(family=spec["family"], name=cfg.model.name, num_classes=num_classes,
                             data_format=data_format, files=files, inputs=inputs, outputs=outputs,
                             preprocess=spec["preprocess"], postprocess=graph.postprocess, labels=labels,

@@ -41,7 +41,7 @@ from ppdlx.export.onnx_export import OnnxRunner, check_close, export_onnx
 from ppdlx.export.onnx_qdq import insert_qdq, quantized_check
 from ppdlx.export.paddle_export import (DETECTION_ROLES, INPUT_NAME, SCALE_NAME, ClassifierForExport,
                                         DetectorForExport, image_shape, run_dynamic, save_classifier, save_detector)
-from ppdlx.quantization.qat import is_quantized, layer_scales, quantized_weights, without_quanters
+from ppdlx.quantization.qat import is_quantized, layer_scales, quantized_weights, widened_ranges, without_quanters
 
 log = logging.getLogger("ppdlx")
 
@@ -92,13 +92,15 @@ class ExportGraph:
     # the program's float twin of a quantized model (see detection_graph): checked against the model run
     # without its quanters
     float_twin: bool = False
+    activation_headroom: float = 1.0  # an int8 program's widened activation ranges
 
     def reference(self, inputs, feeds):
         """What the saved program must reproduce on ``feeds``: the dynamic graph's outputs."""
         if self.float_twin:
             with without_quanters(self.layer):
                 return run_dynamic(self.layer, inputs, feeds)
-        return run_dynamic(self.layer, inputs, feeds)
+        with widened_ranges(self.layer, self.activation_headroom):
+            return run_dynamic(self.layer, inputs, feeds)
 
 
 def _image_input(data_format: str, size: int) -> dict:
@@ -106,7 +108,8 @@ def _image_input(data_format: str, size: int) -> dict:
             "layout": data_format, "role": "image"}
 
 
-def classification_graph(model, spec: dict, output_dir: str, data_format: str, fmt: str) -> ExportGraph:
+def classification_graph(model, spec: dict, output_dir: str, data_format: str, fmt: str,
+                         activation_headroom: float = 1.0) -> ExportGraph:
     """The classifier's program; a quantization-aware-trained one's is the int8 program
     (:mod:`ppdlx.export.int8`), a legacy ``.pdmodel``."""
     size, output = spec["image_size"], spec["output"]
@@ -116,14 +119,15 @@ def classification_graph(model, spec: dict, output_dir: str, data_format: str, f
                                    f"legacy .pdmodel (Paddle Inference runs quantize ops in int8 only there, "
                                    f"docs/int8.md); use --format program")
         files = save_int8_program(model, lambda: save_classifier(model, output_dir, size, size, data_format, output,
-                                                                 "program"))
+                                                                 "program"), activation_headroom)
     else:
-        files = save_classifier(model, output_dir, size, size, data_format, output, fmt)
+        files, activation_headroom = save_classifier(model, output_dir, size, size, data_format, output, fmt), 1.0
     return ExportGraph(files, ClassifierForExport(model, output), [_image_input(data_format, size)], [output],
-                       dict(spec["postprocess"]))
+                       dict(spec["postprocess"]), activation_headroom=activation_headroom)
 
 
-def detection_graph(model, spec: dict, output_dir: str, data_format: str, fmt: str) -> ExportGraph:
+def detection_graph(model, spec: dict, output_dir: str, data_format: str, fmt: str,
+                    activation_headroom: float = 1.0) -> ExportGraph:
     """The model followed by anchor decoding and NMS in one program, built from the spec's plain settings."""
     from ppdlx.models.detection.det_postprocess import EfficientDetPostProcess
     size = spec["image_size"]
@@ -157,11 +161,14 @@ GRAPHS: Dict[str, Callable[..., ExportGraph]] = {"classification": classificatio
                                                  "detection": detection_graph}
 
 
-def export_graph(model, spec: dict, output_dir: str, data_format: str, fmt: str) -> ExportGraph:
+def export_graph(model, spec: dict, output_dir: str, data_format: str, fmt: str,
+                 activation_headroom: float = 1.0) -> ExportGraph:
+    """``activation_headroom``: the factor on a quantization-aware-trained model's activation ranges in its
+    int8 program (:mod:`ppdlx.quantization.onednn`)."""
     family = spec.get("family")
     if family not in GRAPHS:
         raise ConfigError(f"export spec family={family!r}: expected one of {', '.join(sorted(GRAPHS))}")
-    return GRAPHS[family](model, spec, output_dir, data_format, fmt)
+    return GRAPHS[family](model, spec, output_dir, data_format, fmt, activation_headroom)
 
 
 @dataclass

@@ -24,7 +24,8 @@ from paddle.framework import core
 from paddle.static.quantization import QuantWeightPass, ReplaceFakeQuantDequantPass
 
 from ppdlx.export.files import ModelFiles, find_model_files
-from ppdlx.quantization.qat import BITS, NVIDIA_QUANTIZED_OPS, activation_quanters, quantized_weights, summary
+from ppdlx.quantization.qat import (BITS, NVIDIA_QUANTIZED_OPS, activation_quanters, quantized_weights, summary,
+                                    widened_ranges)
 
 QDQ_OPS = ("quantize_linear", "dequantize_linear")
 
@@ -40,6 +41,7 @@ def convert_fake_quant_program(files: ModelFiles) -> Dict[str, int]:
             executor = paddle.static.Executor(place)
             program, feeds, fetches = paddle.static.load_inference_model(prefix, executor)
             graph = IrGraph(core.Graph(program.desc), for_test=True)
+            merge_repeated_activation_quants(graph, scope)
             ReplaceFakeQuantDequantPass(scope, place, quant_bits=BITS).apply(graph)
             QuantWeightPass(scope, place).apply(graph)
             program = graph.to_program()
@@ -52,12 +54,40 @@ def convert_fake_quant_program(files: ModelFiles) -> Dict[str, int]:
     return dict(ops)
 
 
-def save_int8_program(model, save) -> ModelFiles:
+def merge_repeated_activation_quants(graph, scope) -> int:
+    """One fake quantize op per activation tensor: a tensor read by two quantized layers (a ResNet block's input
+    feeds its first convolution and its projection shortcut) has a quanter in each, trained on the same batches
+    to the same range, and Paddle's pass would give both replacements one output name (``<x>.quantized``),
+    which TensorRT's engine takes once per name. NVIDIA's quant_aware program quantizes such a tensor once.
+    The later op's readers read the earlier op's output; returns how many ops were merged."""
+    first, merged = {}, 0
+    order = {node.id(): i for i, node in enumerate(graph.topology_sort())}
+    quants = [op for op in graph.all_op_nodes() if op.name() == "fake_quantize_dequantize_moving_average_abs_max"]
+    for op in sorted(quants, key=lambda node: order[node.id()]):
+        source = op.input("X")[0]
+        scale = np.array(scope.find_var(op.input("InScale")[0]).get_tensor())
+        if source not in first:
+            first[source] = (op, scale)
+            continue
+        kept, kept_scale = first[source]
+        if not np.array_equal(kept_scale, scale):
+            raise ValueError(f"two quanters of {source} hold different ranges ({kept_scale} and {scale})")
+        kept_out = graph._find_node_by_name(kept.outputs, kept.output("Out")[0])
+        out = graph._find_node_by_name(op.outputs, op.output("Out")[0])
+        for reader in list(out.outputs):
+            graph.update_input_link(out, kept_out, reader)
+        graph.safe_remove_nodes({op, out})
+        merged += 1
+    return merged
+
+
+def save_int8_program(model, save, activation_headroom: float = 1.0) -> ModelFiles:
     """``save()`` traces ``model``'s graph as a legacy program (``paddle_export.save_classifier`` /
     ``save_detector`` with ``fmt="program"``) and returns its files; they are then rewritten as the
     int8 program. The weights are traced fake-quantized (:func:`ppdlx.quantization.qat.quantized_weights`),
-    so the int8 values are the training's."""
-    with quantized_weights(model):
+    so the int8 values are the training's; every activation range is multiplied by ``activation_headroom``
+    (:mod:`ppdlx.quantization.onednn`)."""
+    with quantized_weights(model), widened_ranges(model, activation_headroom):
         files = save()
     if files.format != "program":
         raise ValueError(f"{files.model_file}: the int8 program is written from a legacy .pdmodel")
@@ -88,7 +118,7 @@ def int8_program_facts(files: ModelFiles) -> dict:
             "int8_weights": int8_weights}
 
 
-def qat_section(model, program: dict | None, onnx: dict | None, onednn_ops) -> dict:
+def qat_section(model, program: dict | None, onnx: dict | None, onednn_ops, headroom: dict) -> dict:
     """``inference.yml``'s ``quantization`` section of a QAT export."""
     rates = sorted({q._moving_rate for _, q in activation_quanters(model)})
     section = {
@@ -100,6 +130,8 @@ def qat_section(model, program: dict | None, onnx: dict | None, onednn_ops) -> d
                        f"at the inputs of every conv and linear layer and the residual input of each add",
         "quantized_layers": summary(model),
         "onednn_int8_ops": list(onednn_ops),
+        # the program's activation ranges only: the ONNX QDQ graph keeps the trained ones
+        "activation_headroom": headroom,
     }
     if program is not None:
         section["program"] = program

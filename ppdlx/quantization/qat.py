@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 from typing import Dict, Iterator, List, Tuple
 
+import numpy as np
 import paddle
 import paddle.nn as nn
 from paddle import _C_ops
@@ -237,6 +238,21 @@ def quantized_weights(model: nn.Layer) -> Iterator[nn.Layer]:
     finally:
         for weight, value in saved:
             weight.set_value(value)
+
+
+@contextlib.contextmanager
+def widened_ranges(model: nn.Layer, factor: float) -> Iterator[nn.Layer]:
+    """Every activation range multiplied by ``factor`` for the duration (the headroom a CPU without VNNI
+    needs, :mod:`ppdlx.quantization.onednn`). Restored on exit."""
+    saved = [(q._scale, q._scale.numpy()) for _, q in activation_quanters(model)] if factor != 1 else []
+    with paddle.no_grad():
+        for scale, value in saved:
+            scale.set_value(value * np.float32(factor))
+    try:
+        yield model
+    finally:
+        for scale, value in saved:
+            scale.set_value(value)
 
 
 @contextlib.contextmanager

@@ -32,28 +32,26 @@ def tool(name, *args):
 
 def tiny_qat(tree, out, *extra):
     return [f"data.root={tree}", f"global.output_dir={out}", "global.device=cpu", "model.name=resnet18_bottleneck_tiny",
-            "data.backend=paddle", "data.workers=0", "amp.enabled=false", "qat.enabled=true", "train.epochs=4",
-            "lr.base_lr=0.4", "lr.warmup_epochs=0", "model.args.zero_init_last_bn=false", *extra]
+            "data.backend=paddle", "data.workers=0", "amp.enabled=false", "qat.enabled=true", "train.epochs=3",
+            "train.steps_per_epoch=20", "eval.interval=3", "lr.base_lr=0.4", "lr.warmup_epochs=0",
+            "model.args.zero_init_last_bn=false", *extra]
 
 
 @pytest.fixture(scope="module")
-def qat_exports(demo_data, tmp_path_factory):
-    """A tiny ResNet trained with QAT from scratch, exported with --onnx; then pruned 2:4, fine-tuned with QAT and
-    exported the same way."""
+def qat_export(demo_data, tmp_path_factory):
+    """A tiny ResNet trained with QAT from scratch (60 steps), pruned 2:4 and fine-tuned with QAT (20 steps), then
+    exported with --onnx."""
     base = tmp_path_factory.mktemp("qat_export")
-    proc = tool("train.py", "-c", CONFIG, "-o", *tiny_qat(demo_data, base / "run"))
+    proc = tool("train.py", "-c", CONFIG, "-o", *tiny_qat(demo_data, base / "dense"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    exports = {}
-    for name, run in (("dense", base / "run"), ("sparse", base / "asp")):
-        if name == "sparse":
-            proc = tool("prune_asp.py", "-c", CONFIG, "-o", *tiny_qat(demo_data, run, f"model.weights={base}/run/latest",
-                                                                     "train.epochs=2", "lr.base_lr=0.05"))
-            assert proc.returncode == 0, proc.stderr[-3000:]
-        proc = tool("export_model.py", "-c", CONFIG, "-o", *tiny_qat(demo_data, run, f"model.weights={run}/latest"),
-                    "--output-dir", str(base / f"{name}_int8"), "--onnx", "--report", str(base / f"{name}.json"))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        exports[name] = {"dir": str(base / f"{name}_int8"), "report": json.loads((base / f"{name}.json").read_text())}
-    return exports
+    run = base / "asp"
+    proc = tool("prune_asp.py", "-c", CONFIG, "-o", *tiny_qat(demo_data, run, f"model.weights={base}/dense/latest",
+                                                             "train.epochs=1", "eval.interval=1", "lr.base_lr=0.05"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = tool("export_model.py", "-c", CONFIG, "-o", *tiny_qat(demo_data, run, f"model.weights={run}/latest"),
+                "--output-dir", str(base / "int8"), "--onnx")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"dir": str(base / "int8"), "dense_checkpoint": str(base / "dense" / "latest")}
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +63,14 @@ def demo_data():
     return tree
 
 
-def test_int8_program_holds_what_paddle_trt_explicit_int8_reads(qat_exports):
+def test_int8_program_holds_what_paddle_trt_explicit_int8_reads(qat_export):
     """Paddle-TRT's converters (paddle/fluid/inference/tensorrt/convert/quantize_linear_op.cc and
     dequantize_linear_op.cc) take a quantize_linear / dequantize_linear op's ``Scale`` from a persistable float32
     tensor in the scope, divide it by 127 into the Q/DQ layer's scale and set its axis from the int ``quant_axis``
     attribute when >= 0: so every activation range is one positive float (axis -1), every weight an int8 tensor
     whose dequantize op carries one positive range per output channel (axis 0 for a convolution's [out, in, kh, kw],
     1 for a matmul's [in, out]), 8 bits. The same ops are what quant_dequant_onednn_pass reads on CPU."""
-    export = qat_exports["dense"]
-    with open(os.path.join(export["dir"], "inference.yml"), encoding="utf-8") as f:
+    with open(os.path.join(qat_export["dir"], "inference.yml"), encoding="utf-8") as f:
         meta = yaml.safe_load(f)
     assert meta["precision"] == "int8" and meta["model"]["format"] == "program"
     q = meta["quantization"]
@@ -84,7 +81,7 @@ def test_int8_program_holds_what_paddle_trt_explicit_int8_reads(qat_exports):
     with paddle.pir_utils.OldIrGuard():
         scope = paddle.static.Scope()
         with paddle.static.scope_guard(scope):
-            program, _, _ = paddle.static.load_inference_model(os.path.join(export["dir"], "inference"),
+            program, _, _ = paddle.static.load_inference_model(os.path.join(qat_export["dir"], "inference"),
                                                                paddle.static.Executor(paddle.CPUPlace()))
             block = program.global_block()
             producers = {out: op for op in block.ops for out in op.output_arg_names}
@@ -119,16 +116,15 @@ def _top1(export_dir, backend, precision, images):
     finally:
         sys.path.remove(DEPLOY)
     pipeline = D.Pipeline.open(export_dir, backend, precision, threads=2)
-    return np.array([top[0][0] for _, top in pipeline.predict(images, topk=1)])
+    return np.array([top[0][1] for _, top in pipeline.predict(images, topk=1)])  # (index, name, score)
 
 
-def test_onnx_qdq_runs_in_onnxruntime_with_the_paddle_int8_top1(qat_exports, demo_data):
+def test_onnx_qdq_runs_in_onnxruntime_with_the_paddle_int8_top1(qat_export, demo_data):
     """On the 359 val digits: the Paddle int8 program through oneDNN int8 and the ONNX QDQ graph through
     onnxruntime (its int8 fusions on) predict the same class for nearly every image, and their accuracies differ
     by under a point."""
-    export = qat_exports["dense"]
     import onnx
-    graph = onnx.load(os.path.join(export["dir"], "inference.onnx")).graph
+    graph = onnx.load(os.path.join(qat_export["dir"], "inference.onnx")).graph
     ops = [n.op_type for n in graph.node]
     assert ops.count("QuantizeLinear") == 22 and ops.count("DequantizeLinear") == 40
     classes = sorted(os.listdir(os.path.join(demo_data, "val")))
@@ -138,25 +134,22 @@ def test_onnx_qdq_runs_in_onnxruntime_with_the_paddle_int8_top1(qat_exports, dem
             images.append(os.path.join(demo_data, "val", name, file))
             labels.append(name)
     labels = np.array(labels)
-    paddle_int8 = _top1(export["dir"], "paddle-cpu", "int8", images)
-    onnx_int8 = _top1(export["dir"], "onnxruntime", "int8", images)
+    paddle_int8 = _top1(qat_export["dir"], "paddle-cpu", "int8", images)
+    onnx_int8 = _top1(qat_export["dir"], "onnxruntime", "int8", images)
     acc_paddle, acc_onnx = (paddle_int8 == labels).mean(), (onnx_int8 == labels).mean()
     assert acc_paddle > 0.5, acc_paddle  # a trained model, or agreement would mean little
-    assert abs(acc_paddle - acc_onnx) <= 0.01 and (paddle_int8 == onnx_int8).mean() >= 0.97, (acc_paddle, acc_onnx)
+    assert abs(acc_paddle - acc_onnx) <= 0.01 and (paddle_int8 == onnx_int8).mean() >= 0.95, (acc_paddle, acc_onnx)
 
 
-def test_2_4_pattern_survives_qat_into_the_int8_weights(qat_exports):
-    """An ASP-pruned checkpoint fine-tuned with QAT: the int8 weights of the Paddle program and the ONNX QDQ
-    graph hold the 2:4 pattern (what TensorRT's sparse int8 kernels need)."""
-    export = qat_exports["sparse"]["dir"]
-    rules = SparsityRules(n=2, m=4)
-    for source in (os.path.join(export, "inference.onnx"),):
-        result = check_path(source, rules)
-        raise_on_violation(result)
-        assert result["checked"] >= 14, result
-    proc = tool("prune_asp.py", "--check", export)  # the .pdmodel: the tool re-runs itself under legacy IR
-    assert proc.returncode == 0 and "0 violating" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
-    dense = qat_exports["dense"]["dir"]
-    proc = tool("prune_asp.py", "--check", dense)
+def test_2_4_pattern_survives_qat_into_the_int8_weights(qat_export):
+    """An ASP-pruned checkpoint fine-tuned with QAT: the int8 weights of the Paddle program and of the ONNX QDQ
+    graph hold the 2:4 pattern (what TensorRT's sparse int8 kernels need); the dense checkpoint it was pruned
+    from does not."""
+    result = check_path(os.path.join(qat_export["dir"], "inference.onnx"), SparsityRules(n=2, m=4))
+    raise_on_violation(result)
+    assert result["checked"] == 16, result  # every conv but the stem (3 input channels); the classifier stays dense
+    proc = tool("prune_asp.py", "--check", qat_export["dir"])  # the .pdmodel: the tool re-runs under legacy IR
+    assert proc.returncode == 0 and "16 weights checked, 0 violating" in proc.stdout, proc.stdout[-2000:]
+    proc = tool("prune_asp.py", "--check", qat_export["dense_checkpoint"])
     assert proc.returncode == 1 and "violates the 2:4 pattern" in proc.stderr, proc.stderr[-2000:]
-    assert find_model_files(export).format == "program"
+    assert find_model_files(qat_export["dir"]).format == "program"
