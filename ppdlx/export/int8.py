@@ -121,14 +121,17 @@ def int8_program_facts(files: ModelFiles) -> dict:
 def qat_section(model, program: dict | None, onnx: dict | None, onednn_ops, headroom: dict) -> dict:
     """``inference.yml``'s ``quantization`` section of a QAT export."""
     rates = sorted({q._moving_rate for _, q in activation_quanters(model)})
+    layers = summary(model)
+    where = "at the inputs of every conv and linear layer" + (" and the residual input of each add"
+                                                              if layers["residual"] else "")
     section = {
         "method": "qat",
         "description": "quantization-aware training (ppdlx.quantization.qat: paddle.quantization.QAT with NVIDIA's "
                        "quant_aware placement); the scales are the trained ones, no calibration",
         "weights": "int8, per output channel, abs max of the weight (channel_wise_abs_max)",
         "activations": f"int8, per tensor, moving average of each batch's abs max (rate {', '.join(map(str, rates))}) "
-                       f"at the inputs of every conv and linear layer and the residual input of each add",
-        "quantized_layers": summary(model),
+                       f"{where}",
+        "quantized_layers": layers,
         "onednn_int8_ops": list(onednn_ops),
         # the program's activation ranges only: the ONNX QDQ graph keeps the trained ones
         "activation_headroom": headroom,

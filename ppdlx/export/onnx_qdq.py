@@ -73,7 +73,12 @@ class _Graph:
         return base + ".dq"
 
     def int8_weight(self, index: int, name: str, ranges: np.ndarray, axis: int) -> str:
+        """The dequantized int8 weight ``name``, written once before its first reader (a detector's heads
+        share one weight across pyramid levels)."""
         from onnx import helper, numpy_helper
+        if name + ".dq" in self.producer:
+            return name + ".dq"
+        self.producer[name + ".dq"] = index
         weight = numpy_helper.to_array(self.initializers[name])
         if ranges.size != weight.shape[axis]:
             raise UnsupportedError(f"ONNX QDQ: weight {name} {list(weight.shape)} has {weight.shape[axis]} channels on "
