@@ -132,6 +132,22 @@ def write_report(path, report: dict, option: str = "--report") -> None:
                           f"printed above were not saved: choose a writable {option} path") from None
 
 
+def home_cache_problem(err: OSError):
+    """The line for an ``OSError`` on the user's cache folder ($HOME/.cache, which ``import paddle`` creates for its
+    data sets, and where ppdlx caches its compiled ops), else None: with HOME a regular file or read-only, every
+    tool died in the import with a traceback."""
+    home = os.path.expanduser("~")
+    cache = os.path.join(home, ".cache")
+    if not isinstance(err.filename, str) or not (err.filename == home or err.filename.startswith(cache)):
+        return None
+    if os.path.exists(home) and not os.path.isdir(home):
+        why = f"HOME={home} is a file, not a directory"
+    else:
+        why = f"cannot create {err.filename} ({err.strerror})"
+    return (f"{why}; Paddle (imported by every tool) and ppdlx keep their caches in $HOME/.cache: set HOME to a "
+            f"writable directory")
+
+
 def run(main) -> None:
     """Run ``main()``; user errors print one line and exit non-zero, no traceback."""
     from ppdlx.errors import PpdlxError
@@ -140,6 +156,12 @@ def run(main) -> None:
     except PpdlxError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+    except OSError as err:
+        line = home_cache_problem(err)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)

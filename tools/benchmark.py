@@ -1,4 +1,4 @@
-"""Benchmarks: ``python tools/benchmark.py {train,loader,infer} -c CFG ... [--report FILE]``.
+"""Benchmarks: ``python tools/benchmark.py {train,loader,infer,profile,serve} -c CFG ... [--report FILE]``.
 
 Prints a table and writes ``{"machine": {...}, "rows": [{"case", "images_per_s", ...}]}``; ``machine``
 records the CPU (model, vendor, the flags that select kernels, cores), library versions and the

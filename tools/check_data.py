@@ -25,6 +25,8 @@ def main():
     out_dir = args.out or cfg.global_.output_dir
     if not args.out:  # the default comes from the config (an --out given was checked with the arguments)
         check_output_dir("--out", out_dir)
+        from ppdlx.data.data_dirs import refuse_output_inside_data
+        refuse_output_inside_data(cfg, out_dir)  # as training would: its folder would become part of the data
     from ppdlx.analysis import check_data, plotting_available
     from ppdlx.analysis.figures import PLOT_EXTRA
     report = check_data(cfg, decode=not args.quick, hash_files=not args.quick, config_path=args.config)

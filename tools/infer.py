@@ -69,12 +69,10 @@ def read_image_list(path):
 
 
 def read_rgb(path):
-    from PIL import Image
-
+    from ppdlx.data.image_file import open_rgb
     from ppdlx.errors import DataError
     try:
-        with Image.open(path) as im:
-            return im.convert("RGB")
+        return open_rgb(path)
     except (OSError, ValueError, SyntaxError) as err:  # what Pillow raises for a damaged or foreign file
         raise DataError(f"{path}: cannot read image ({err})") from None
 

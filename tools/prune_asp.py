@@ -66,6 +66,7 @@ def prune(args):
     from ppdlx.engine.preprocess_cfg import resolve_preprocessing
     from ppdlx.models.info import config_resolution, model_info
     from ppdlx.engine.run import train
+    from ppdlx.engine.tasks import task_of
     from ppdlx.sparsity import ASPHook, check_path, raise_on_violation
     from ppdlx.sparsity.report import add_flops, format_table, summarize, summary_lines
     hook = ASPHook.from_config(cfg.asp)
@@ -85,8 +86,9 @@ def prune(args):
         print(line)
     latest = os.path.join(cfg.global_.output_dir, "latest")
     checked = check_path(latest)
-    print(f"final: top1 {report.get('top1', 0.0):.4f} top5 {report.get('top5', 0.0):.4f} "
-          f"({report['epochs']} epochs) -> {report['output_dir']}; {latest}: "
+    task = task_of(cfg)
+    print(f"final: {task.format_metrics(report, task.headline)} ({report['epochs']} epochs) -> "
+          f"{report['output_dir']}; {latest}: "
           f"{checked['checked']} weights checked, {checked['violations']} violating")
     write_report(args.report, {**report, "sparsity": summary, "layers": rows,
                                "check": {k: v for k, v in checked.items() if k != "rows"}})

@@ -71,6 +71,7 @@ def scan_coco_split(json_path: str, image_dir: str, name: str, backend: str, dec
         return report
     report.classes, report.cat_ids = list(index.class_names), list(index.cat_ids)
     report.invalid = [(ann_id, image_id, file, reason) for _, ann_id, image_id, file, reason in index.invalid]
+    report.sized_from_file = index.sized_from_file
     label_of = {cid: i for i, cid in enumerate(index.cat_ids)}
     k = len(index.cat_ids)
     report.class_counts, report.category_images = [0] * k, [0] * k

@@ -41,7 +41,7 @@ LABEL_KEYS_SHOWN = 3
 def read_metrics(path: str) -> dict:
     """``{kind: [records sorted by step]}`` with repeated steps (train) / epochs (eval) resolved to the last."""
     by_kind: dict = {}
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:  # a binary file has no record: said by the caller
         for line in f:
             try:
                 record = json.loads(line)
@@ -124,11 +124,34 @@ def _metrics_path(run_dir: str) -> str:
     return path
 
 
+def _describe_file(path: str) -> str:
+    size = os.path.getsize(path)
+    if not size:
+        return "empty"
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    binary = b"\0" in head or _not_text(head)
+    return f"{size} bytes{', binary' if binary else ''}"
+
+
+def _not_text(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return err.start < len(data) - 4  # a multi-byte character cut by the 4 KB read is still text
+    return False
+
+
 def plot_curves(run_dirs, out_path: str, labels=None) -> dict:
     """Draw every run of ``run_dirs`` into one ``curves.png``. Returns ``{"path", "panels": {title: [labels of
     the curves drawn in it]}}``, read back from the figure's axes."""
     run_dirs = list(run_dirs)
     metrics = [read_metrics(_metrics_path(d)) for d in run_dirs]
+    for run_dir, records in zip(run_dirs, metrics):
+        if not records:
+            path = _metrics_path(run_dir)
+            raise DataError(f"{path}: no metrics record in it ({_describe_file(path)}, no line a JSON object with a "
+                            f"'step'); give a run directory whose training logged a step")
     labels = list(labels) if labels else run_labels(run_dirs)
     fig = new_figure(*FIGURE_PX)
     legend_rows = int(np.ceil(len(run_dirs) / 2))

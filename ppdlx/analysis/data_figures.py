@@ -72,8 +72,10 @@ def _detection_figure(split, count: int):
     for ax, i in zip(flat, chosen):
         boxes = split.image_boxes[i]
         plural = "" if len(boxes) == 1 else "es"
-        show_image(ax, load_rgb(split.paths[i]), title=f"{os.path.basename(split.paths[i])} ({len(boxes)} box{plural})")
-        draw_boxes(ax, [b[:4] for b in boxes], [split.classes[b[4]] for b in boxes],
-                   [class_colour(b[4]) for b in boxes])
+        show_image(ax, load_rgb(split.paths[i]))
+        labelled = draw_boxes(ax, [b[:4] for b in boxes], [split.classes[b[4]] for b in boxes],
+                              [class_colour(b[4]) for b in boxes])
+        some = f", {labelled} largest labelled" if labelled < len(boxes) else ""
+        ax.set_title(f"{os.path.basename(split.paths[i])} ({len(boxes)} box{plural}{some})", fontsize=8)
     hide_unused(flat, len(chosen))
     return fig

@@ -211,6 +211,9 @@ def _judge_files(report: DataReport, split: SplitReport, cfg) -> None:
                                          "data.coco.invalid=skip to train without them")
         else:
             report.warnings.append(msg + "; left out (data.coco.invalid=skip)")
+    if split.sized_from_file:  # the index said so while the check muted its lines: said here, once
+        report.warnings.append(f"{split.source}: {_count(split.sized_from_file, 'image')} without a width/height in "
+                               f"the json: their sizes were read from the image files")
     if split.size_mismatch:
         path, expected, decoded = split.size_mismatch[0]
         report.warnings.append(f"{split.source}: {_count(len(split.size_mismatch), 'image')} of another size than "

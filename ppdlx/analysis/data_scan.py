@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ppdlx.data.image_file import open_image, why_unreadable
 from ppdlx.data.image_folder import ImageFolder, scan_image_folder
 from ppdlx.data.loader_common import dali_required
 from ppdlx.errors import DataError
@@ -45,6 +46,7 @@ class SplitReport:
     leaving: int = 0                                   # boxes reaching past the border (the loader clips them)
     invalid: list = field(default_factory=list)        # (annotation id, image id, file, reason): left out
     size_mismatch: list = field(default_factory=list)  # (path, size in the json, decoded size)
+    sized_from_file: int = 0                           # images the json gives no width/height (read from the file)
 
     @property
     def images(self) -> int:
@@ -76,11 +78,10 @@ def file_digests(paths) -> dict:
 
 def header_sizes(paths) -> dict:
     """(width, height) from each image's header (no full decode)."""
-    from PIL import Image
     out = {}
     for path in paths:
         try:
-            with Image.open(path) as img:
+            with open_image(path) as img:
                 out[path] = img.size
         except (OSError, ValueError, SyntaxError):
             pass
@@ -106,7 +107,7 @@ def decode_with_dataset(dataset, paths):
     for i, path in enumerate(paths):
         size = dataset[i][0]
         if size is None:
-            bad.append((path, "cannot be decoded (PIL)"))
+            bad.append((path, f"cannot be decoded (PIL: {why_unreadable(path) or 'no reason given'})"))
         else:
             sizes[path] = tuple(size)
     return bad, sizes

@@ -12,12 +12,14 @@ import os
 
 import numpy as np
 
+from ppdlx.data.image_file import open_rgb
 from ppdlx.errors import UnsupportedError
 
 log = logging.getLogger("ppdlx.analysis")
 
 DPI = 100
 PLOT_EXTRA = "pip install 'ppdlx[plot]'"
+MAX_BOX_LABELS = 25  # labelled boxes per image; every box is outlined
 
 
 def plotting_available() -> bool:
@@ -104,10 +106,8 @@ def class_colour(index: int):
 
 def load_rgb(path: str):
     """The image as an RGB array, or None when it cannot be opened (drawn as an 'unreadable' cell)."""
-    from PIL import Image
     try:
-        with Image.open(path) as img:
-            return np.asarray(img.convert("RGB"))
+        return np.asarray(open_rgb(path))
     except (OSError, ValueError, SyntaxError):
         return None
 
@@ -140,19 +140,27 @@ def clip_to_view(ax, boxes_xywh) -> list:
     return kept
 
 
-def draw_boxes(ax, boxes_xywh, names, colours, scores=None, fontsize: float = 7) -> None:
-    """COCO ``[x, y, w, h]`` boxes as outlines cut to the image ``ax`` shows, each labelled with its name
-    (and score) inside the axes: an under-trained detector predicts boxes far outside the image, and text
-    placed there overflows the font rasteriser."""
+def draw_boxes(ax, boxes_xywh, names, colours, scores=None, fontsize: float = 7) -> int:
+    """COCO ``[x, y, w, h]`` boxes as outlines cut to the image ``ax`` shows (one artist for all of them), the
+    ``MAX_BOX_LABELS`` largest each labelled with its name (and score) inside the axes: an under-trained detector
+    predicts boxes far outside the image, and text placed there overflows the font rasteriser; a text per box made
+    an image with a thousand boxes take minutes to draw, and unreadable. Returns how many boxes are labelled."""
+    from matplotlib.collections import PatchCollection
     from matplotlib.patches import Rectangle
     top = min(ax.get_ylim())
-    for i, x1, y1, x2, y2 in clip_to_view(ax, boxes_xywh):
+    shown = clip_to_view(ax, boxes_xywh)
+    if not shown:
+        return 0
+    ax.add_collection(PatchCollection([Rectangle((x1, y1), x2 - x1, y2 - y1) for _, x1, y1, x2, y2 in shown],
+                                      facecolor="none", edgecolors=[colours[i] for i, *_ in shown], linewidths=1.5))
+    labelled = sorted(shown, key=lambda b: (b[3] - b[1]) * (b[4] - b[2]), reverse=True)[:MAX_BOX_LABELS]
+    for i, x1, y1, x2, y2 in labelled:
         colour = colours[i]
-        ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor=colour, linewidth=1.5))
         label = names[i] if scores is None else f"{names[i]} {scores[i]:.2f}"
         inside = y1 - top < 0.1 * (y2 - y1) + 4  # no room above the box: the label goes just inside its top edge
         ax.text(x1, y1, label, fontsize=fontsize, color="white", va="top" if inside else "bottom", clip_on=True,
                 bbox=dict(facecolor=colour, edgecolor="none", pad=1.0, alpha=0.85))
+    return len(labelled)
 
 
 def hide_unused(axes, used: int) -> None:

@@ -21,6 +21,7 @@ KINDS = {
     "loader": "ppdlx.benchmarks.loader",
     "infer": "ppdlx.benchmarks.infer",
     "profile": "ppdlx.benchmarks.profile",
+    "serve": "ppdlx.benchmarks.serve",
 }
 
 # Distributions whose versions a speed figure depends on (absent ones are left out).

@@ -1,10 +1,12 @@
-"""Inference speed: ppdlx's deploy predictor (Paddle Inference, CPU) vs onnxruntime on the same export.
+"""Inference speed: ppdlx's deploy predictor (Paddle Inference, CPU) vs onnxruntime and OpenVINO on the
+same export, and the default deployment (``--backend auto``) against the fastest of them.
 
-Exports the configured classifier (ResNet50 at 224 by default; random weights are fine for
-speed) with ``--onnx`` and imports the deploy package ``ppdlx_deploy`` (deploy/ does not import
-ppdlx, and ppdlx does not depend on deploy/: it is found at run time, see :func:`find_deploy_dir`).
+Exports the configured model (a classifier at ``--resolution``, 224 by default, or a detector at its
+configured size; random weights are fine for speed) with ``--onnx`` and imports the deploy package
+``ppdlx_deploy`` (deploy/ does not import ppdlx, and ppdlx does not depend on deploy/: it is found at
+run time, see :func:`find_deploy_dir`); the runtimes are named in :mod:`ppdlx.benchmarks.infer_runtimes`.
 Each compared runtime runs in its OWN fresh worker process, one process at a time, once per
-round; the order alternates from round to round (``ppdlx_deploy.benchmark.run_rounds``). A
+round; the order alternates from round to round (``ppdlx_deploy.workers.run_rounds``). A
 worker builds its predictor, runs ``--warmup`` untimed batches and times ``--steps`` batches per
 batch size (input copy + run + output copy). Reported: per runtime the median batch latency
 over all rounds; per pair (every runtime vs the reference, every Paddle variant vs plain
@@ -26,21 +28,11 @@ import ppdlx
 from ppdlx.benchmarks.deploy_package import (CHECKOUT_DEPLOY_DIR, DEPLOY_DIR_ENV, DEPLOY_PACKAGE,  # noqa: F401
                                            find_deploy_dir, load_deploy_module)
 from ppdlx.benchmarks.infer_int8 import run_int8
+from ppdlx.benchmarks.infer_runtimes import (AUTO, DEFAULT_REFERENCE, ENV_VARIANTS, PADDLE_BASELINE, pairs,
+                                             parse_runtime, runtime_names, vs_fastest)
 from ppdlx.benchmarks.matmul_peak import DEFAULT_SIZE, achieved_gflop_per_s, matmul_peak, model_gflop_per_image
-from ppdlx.cpu_features import cpu_features, has_bf16
+from ppdlx.cpu_features import cpu_features
 from ppdlx.errors import ConfigError, UnsupportedError
-
-DEFAULT_REFERENCE = "onnxruntime fp32"
-PADDLE_BASELINE = "paddle-cpu fp32"
-# Process-level settings that may matter on some CPUs; they act before the libraries load, so
-# they are benchmark candidates (a worker's environment), not predictor plans.
-ENV_VARIANTS = {
-    "kmp-compact": {"KMP_AFFINITY": "granularity=fine,compact,1,0"},  # pin OpenMP threads to cores
-    "mkl-type-5": {"MKL_DEBUG_CPU_TYPE": "5"},                          # MKL's AVX2 paths forced
-    # glibc keeps freed blocks in the heap (what ppdlx's CPU training sets with mallopt)
-    "keep-memory": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "2147483647"},
-}
-
 
 def add_arguments(parser):
     parser.add_argument("-c", "--config", required=True)
@@ -53,13 +45,17 @@ def add_arguments(parser):
     parser.add_argument("--warmup", type=int, default=5, help="untimed batches per worker and batch size")
     parser.add_argument("--threads", type=int, help="CPU threads for every runtime (default: cores available)")
     parser.add_argument("--runtimes", default="auto",
-                        help="comma list of 'BACKEND PRECISION [VARIANT[+VARIANT]]' (paddle-cpu/onnxruntime; "
-                             "Paddle plan variants from ppdlx_deploy.CPU_VARIANTS, worker environments "
-                             f"{', '.join(ENV_VARIANTS)}); 'auto' = {PADDLE_BASELINE}, {DEFAULT_REFERENCE} and "
+                        help="comma list of 'BACKEND PRECISION [VARIANT[+VARIANT]]' (paddle-cpu, onnxruntime, "
+                             "openvino, or auto: the default deployment; Paddle plan variants from "
+                             f"ppdlx_deploy.CPU_VARIANTS, worker environments {', '.join(ENV_VARIANTS)}); 'auto' = "
+                             f"{PADDLE_BASELINE}, {DEFAULT_REFERENCE}, openvino fp32 (where installed), {AUTO} and "
                              "paddle-cpu bf16 where the CPU has bf16 hardware")
     parser.add_argument("--reference", default=DEFAULT_REFERENCE, help="the runtime every ratio divides by")
-    parser.add_argument("--resolution", type=int, default=224)
-    parser.add_argument("--model-dir", help="export here (default: <global.output_dir>/bench_infer; reused)")
+    parser.add_argument("--resolution", type=int,
+                        help="input size (classifiers: crop, default 224; detectors: data.coco.image_size, default "
+                             "the config's)")
+    parser.add_argument("--model-dir", help="export here (default: <global.output_dir>/bench_infer); "
+                                            "an export with the same model/resolution is reused")
     parser.add_argument("--format", choices=("pir", "program"), default="program",
                         help="Paddle program format to export (ONNX is converted from the same export); "
                              "program (.pdmodel) runs on the classic executor and allows the OpenVINO engine")
@@ -80,20 +76,22 @@ def add_arguments(parser):
                                              f"installed package)")
 
 
-def _ensure_export(cfg, model_dir: str, fmt: str, reexport: bool) -> dict:
+EXPORT_MARKER = "bench_export.json"
+
+
+def _ensure_export(cfg, model_dir: str, fmt: str, reexport: bool, made_from: dict) -> dict:
+    """Export (with ONNX) into ``model_dir`` unless the export there was made from the same config,
+    overrides and format (``made_from``, kept next to it in :data:`EXPORT_MARKER`)."""
+    import json
     from ppdlx.export import export_model
-    meta_path = os.path.join(model_dir, "inference.yml")
-    if not reexport and os.path.isfile(meta_path):
-        import yaml
-        with open(meta_path, encoding="utf-8") as f:
-            meta = yaml.safe_load(f)
-        same = (meta.get("model", {}).get("name") == cfg.model.name and meta["model"].get("format") == fmt
-                and meta["model"].get("onnx_file") and meta["inputs"][0]["shape"][-1] in
-                (cfg.data.transforms.crop_size,) and meta["model"].get("num_classes") == cfg.model.num_classes
-                and os.path.isfile(os.path.join(model_dir, meta["model"]["onnx_file"])))
-        if same:
-            return {"reused": True, "seconds": 0.0}
+    marker = os.path.join(model_dir, EXPORT_MARKER)
+    if not reexport and os.path.isfile(marker) and os.path.isfile(os.path.join(model_dir, "inference.onnx")):
+        with open(marker, encoding="utf-8") as f:
+            if json.load(f) == made_from:
+                return {"reused": True, "seconds": 0.0}
     report = export_model(cfg, output_dir=model_dir, onnx=True, fmt=fmt, check_batch_sizes=(1,), rtol=1e-3)
+    with open(marker, "w", encoding="utf-8") as f:
+        json.dump(made_from, f)
     return {"reused": False, "seconds": report["seconds"], "checks": report["checks"]}
 
 
@@ -111,54 +109,6 @@ def _check_counts(args) -> list:
     if not sizes or min(sizes) < 1:
         raise ConfigError(f"benchmark infer --batch-sizes {args.batch_sizes}: give positive integers, e.g. 1,8")
     return sizes
-
-
-def runtime_names(args, features: dict) -> list:
-    """The runtimes to compare, ``auto`` expanded, without repeats."""
-    names = []
-    for item in [n.strip() for n in str(args.runtimes).split(",") if n.strip()]:
-        if item == "auto":
-            names += [PADDLE_BASELINE, DEFAULT_REFERENCE] + (["paddle-cpu bf16"] if has_bf16(features) else [])
-        else:
-            names.append(" ".join(item.split()))
-    names += ["paddle-cpu fp32 openvino"] * args.openvino + ["paddle-cpu fp32 untuned"] * args.untuned
-    return list(dict.fromkeys(names))
-
-
-def parse_runtime(name: str, variants: dict, features: dict) -> tuple:
-    """``(worker spec fields, worker environment)`` of a runtime name such as
-    ``paddle-cpu fp32 memory-optim+kmp-compact``."""
-    parts = name.split()
-    if len(parts) not in (2, 3) or parts[0] not in ("paddle-cpu", "onnxruntime"):
-        raise ConfigError(f"benchmark infer --runtimes: '{name}': write 'BACKEND PRECISION [VARIANT]' with backend "
-                          f"paddle-cpu or onnxruntime, e.g. 'paddle-cpu fp32 memory-optim'")
-    backend, precision = parts[:2]
-    plan_parts, env = [], {}
-    for token in (parts[2].split("+") if len(parts) == 3 else []):
-        if token in ENV_VARIANTS:
-            env.update(ENV_VARIANTS[token])
-        elif token in variants and backend == "paddle-cpu":
-            plan_parts.append(token)
-        else:
-            known = ", ".join(list(variants) + list(ENV_VARIANTS)) if backend == "paddle-cpu" else \
-                ", ".join(ENV_VARIANTS)
-            raise ConfigError(f"benchmark infer --runtimes: '{name}': unknown variant '{token}' for {backend} "
-                              f"(known: {known})")
-    if backend == "onnxruntime" and precision != "fp32":
-        raise UnsupportedError(f"benchmark infer --runtimes: '{name}': onnxruntime runs fp32 here")
-    if precision == "bf16" and not has_bf16(features):
-        raise UnsupportedError(f"benchmark infer --runtimes: '{name}': this CPU has neither avx512_bf16 nor "
-                               f"amx_bf16, so paddle-cpu bf16 is not offered (oneDNN would emulate it)")
-    options = {"cpu_variant": "+".join(plan_parts)} if plan_parts else {}
-    return {"backend": backend, "precision": precision, "options": options}, env
-
-
-def _pairs(names: list, reference: str) -> list:
-    pairs = [(n, reference) for n in names if n != reference]
-    if PADDLE_BASELINE in names:
-        pairs += [(n, PADDLE_BASELINE) for n in names
-                  if n.startswith("paddle-cpu") and n not in (PADDLE_BASELINE, reference)]
-    return pairs
 
 
 def ratio_text(value: float) -> str:
@@ -253,17 +203,15 @@ def run(args) -> dict:
                           f"({', '.join(names)})")
     if len(names) < 2:
         raise ConfigError(f"benchmark infer: compare at least two runtimes (--runtimes {args.runtimes})")
-    overrides = list(flatten_overrides(args.override)) + [
-        f"data.transforms.crop_size={args.resolution}", f"data.transforms.resize_short={int(args.resolution * 8 / 7)}"]
+    overrides = list(flatten_overrides(args.override))
+    if args.resolution:  # the classifier's crop (and its resize), or the detector's input size
+        overrides += [f"data.transforms.crop_size={args.resolution}", f"data.coco.image_size={args.resolution}",
+                      f"data.transforms.resize_short={int(args.resolution * 8 / 7)}"]
     cfg = load_config(args.config, overrides)
     from ppdlx.engine.builders import build_model
-    from ppdlx.engine.tasks import task_of
-    task = task_of(cfg)
-    if task.name != "classification":
-        raise ConfigError(f"benchmark infer: classification models only (data.dataset={cfg.data.dataset} is "
-                          f"{task.name} data, model.name={cfg.model.name})")
     model_dir = os.path.abspath(args.model_dir or os.path.join(cfg.global_cfg.output_dir, "bench_infer"))
-    export = _ensure_export(cfg, model_dir, args.format, args.reexport)
+    export = _ensure_export(cfg, model_dir, args.format, args.reexport,
+                            {"config": os.path.abspath(args.config), "overrides": overrides, "format": args.format})
 
     threads = args.threads or D.default_threads()
     meta = D.load_meta(model_dir)
@@ -274,6 +222,9 @@ def run(args) -> dict:
                       **spec["options"])
     specs = {name: {"model_dir": model_dir, "threads": threads, "batch_sizes": batch_sizes, "warmup": args.warmup,
                     "steps": args.steps, **spec} for name, (spec, _) in parsed.items()}
+    decisions = {bs: _one_line(D, D.choose_backend, model_dir, meta, files, "fp32", threads=threads, batch_size=bs,
+                               progress=lambda line: print(line, file=sys.stderr, flush=True))
+                 for bs in batch_sizes} if AUTO in parsed else {}
     # The workers get the thread environment this process was started with (paddle's import sets
     # OMP_NUM_THREADS here), plus their variant's.
     env = {name: {**ppdlx.THREAD_ENV_GIVEN, **variant_env} for name, (_, variant_env) in parsed.items()}
@@ -284,11 +235,13 @@ def run(args) -> dict:
                          progress=lambda line: print(line, file=sys.stderr, flush=True))
     peaks.append(_matmul_peak(args.matmul_size, threads))
     load_after = os.getloadavg()
-    pairs = _pairs(names, args.reference)
-    summary = D.summarize_rounds(measured["replies"], batch_sizes, pairs)
+    summary = D.summarize_rounds(measured["replies"], batch_sizes, pairs(names, args.reference))
+    fastest = {name: vs_fastest(D, measured["replies"], name, batch_sizes) for name in (AUTO, PADDLE_BASELINE)}
+    fastest_of = {(r["runtime"], r["batch_size"]): r for stats in fastest.values() for r in stats or []}
     ratio_of = {(r["runtime"], r["reference"], r["batch_size"]): r for r in summary["ratios"]}
     peak = max((p for p in peaks if p), key=lambda p: p["gflop_per_s"], default=None)
-    gflop = model_gflop_per_image(build_model(cfg), args.resolution, cfg.model.data_format) if peak else None
+    resolution = int(meta["inputs"][0]["shape"][-1])
+    gflop = model_gflop_per_image(build_model(cfg), resolution, cfg.model.data_format) if peak else None
     rows = []
     for bs in batch_sizes:
         for name in names:
@@ -303,13 +256,17 @@ def run(args) -> dict:
             if ratio:
                 row.update({"vs_reference": ratio["median"], "vs_reference_min": ratio["min"],
                             "vs_reference_max": ratio["max"]})
+            if (name, bs) in fastest_of:
+                row.update({key: fastest_of[(name, bs)][stat] for key, stat in
+                            (("vs_fastest", "median"), ("vs_fastest_min", "min"), ("vs_fastest_max", "max"))})
             rows.append(row)
-    workers = {name: {k: replies[0][k] for k in ("engine", "precision", "threads", "cpu_variant", "notes", "calls",
-                                                  "thread_env", "thread_env_after_load", "versions")}
+    workers = {name: {k: replies[0].get(k) for k in ("backend", "engine", "precision", "threads", "cpu_variant",
+                                                      "notes", "calls", "thread_env", "thread_env_after_load",
+                                                      "versions")}
                for name, replies in measured["replies"].items()}
     for name, (_, variant_env) in parsed.items():
         workers[name]["variant_env"] = variant_env
-    notes = [f"model: {cfg.model.name} {args.resolution}px, {cfg.model.num_classes} classes, random weights, "
+    notes = [f"model: {cfg.model.name} {resolution}px, {cfg.model.num_classes} classes, random weights, "
              f"format {meta['model']['format']} ({meta['model']['model_file']}), ONNX from the same export "
              f"({'reused' if export['reused'] else 'exported in %.0f s' % export['seconds']})",
              f"method: {len(names)} runtimes x {args.rounds} rounds, each run in its own fresh process, one at a "
@@ -317,6 +274,7 @@ def run(args) -> dict:
              f"per batch size; {threads} thread(s) each; {time.time() - started:.0f} s; load average "
              f"{load_before[0]:.1f} -> {load_after[0]:.1f} on {os.cpu_count()} cores",
              f"cpu: {features.get('model_name')} ({features.get('vendor')}), flags {' '.join(features['flags'])}"]
+    notes += [f"bs {bs}: {decision['line']}" for bs, decision in decisions.items()]
     for name in names:
         notes.append(f"{name}: " + "; ".join(workers[name]["notes"]))
     if peak:
@@ -329,9 +287,15 @@ def run(args) -> dict:
         notes.append(f"bs {ratio['batch_size']}: {ratio['runtime']} / {ratio['reference']} = {_range(ratio)} "
                      f"{verdict} 1; medians {a:.2f} vs {b:.2f} ms; outputs differ by at most "
                      + ("?" if diff is None else f"{diff:.2g}"))
+    for stats in fastest_of.values():
+        notes.append(f"bs {stats['batch_size']}: {stats['runtime']} / the fastest of {', '.join(stats['fastest_of'])} "
+                     f"({stats['reference']}) = {_range(stats)}")
     medians = {key: stats["median_ms"] for key, stats in summary["runtimes"].items()}
     profile = _kernel_profile(D, specs, env, batch_sizes, notes, args.reference, medians) if args.profile else None
     return {"rows": rows, "notes": notes, "model_dir": model_dir, "ratios": summary["ratios"], "profile": profile,
+            "vs_fastest": list(fastest_of.values()), "load_average": {"before": load_before, "after": load_after},
+            "auto_decisions": {str(bs): {k: d.get(k) for k in ("chosen", "medians", "rejected", "skipped", "line")}
+                               for bs, d in decisions.items()},
             "matmul_peak": {"before": peaks[0], "after": peaks[1], "gflop_per_s": peak and peak["gflop_per_s"],
                             "model_gflop_per_image": gflop},
             "order": measured["order"], "workers": workers,

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from ppdlx.config.loader import apply_overrides, load_yaml_with_bases, merge, parse_overrides  # noqa: F401
 from ppdlx.config.schema import Config
-from ppdlx.errors import ConfigError
+from ppdlx.errors import ConfigError, quote
 
 __all__ = ["Config", "load_config", "save_config", "save_yaml", "ConfigError"]
 
@@ -56,22 +56,22 @@ def _format_error(err: dict, sources: dict, default_source: str) -> str:
         close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.5)
         hint = f"did you mean '{'.'.join(loc[:-1] + (close[0],))}'?" if close else \
             f"known keys here: {', '.join(known)}"
-        return f"{source}: {key}: unknown key (value {value!r}); {hint}"
+        return f"{source}: {key}: unknown key (value {quote(value)}); {hint}"
     if err["type"] == "literal_error":
         allowed = [str(a) for a in err.get("ctx", {}).get("expected", "").replace("'", "").split(" or ")]
         allowed = [a.strip() for part in allowed for a in part.split(",") if a.strip()]
         close = difflib.get_close_matches(str(value), allowed, n=1, cutoff=0.3)
         hint = f"did you mean '{close[0]}'?" if close else f"expected {err['ctx']['expected']}"
-        return f"{source}: {key}: bad value {value!r}; {hint} (allowed: {err['ctx']['expected']})"
+        return f"{source}: {key}: bad value {quote(value)}; {hint} (allowed: {err['ctx']['expected']})"
     if err["type"] in ("model_type", "dict_type"):  # a scalar or list where a section or mapping goes
         section = _submodel(Config, loc[0]) if loc else None
         for part in loc[1:]:
             section = _submodel(section, part) if section is not None else None
         hint = f"; set a key inside it, e.g. {key}.{_known_keys(section)[0]}" if section is not None else ""
-        return f"{source}: {key}: expected a mapping of keys, got {value!r}{hint}"
+        return f"{source}: {key}: expected a mapping of keys, got {quote(value)}{hint}"
     if err["type"] == "value_error":  # a schema validator's own reason, which names the fix
-        return f"{source}: {key}={value!r}: {err['ctx']['error']}"
-    return f"{source}: {key}: bad value {value!r}: {err['msg'].lower()}"
+        return f"{source}: {key}={quote(value)}: {err['ctx']['error']}"
+    return f"{source}: {key}: bad value {quote(value)}: {err['msg'].lower()}"
 
 
 def build_config(raw: dict, sources: Optional[dict] = None, source: str = "<config>") -> Config:

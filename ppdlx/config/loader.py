@@ -11,15 +11,19 @@ from typing import Any, Dict, Iterable, List, Tuple
 
 import yaml
 
-from ppdlx.errors import ConfigError
+from ppdlx.errors import ConfigError, quote
 
 BASE_KEY = "_BASE_"
+# Values a config file may expand to once its aliases are followed; a real config has a few hundred. An alias
+# repeated inside aliases ("billion laughs") expands to billions from a few lines, and every later walk over it
+# (validation, freezing, an error quoting it) would take minutes and gigabytes.
+MAX_YAML_VALUES = 100_000
 Sources = Dict[Tuple[str, ...], str]
 
 
 class _DuplicateKey(yaml.YAMLError):
     def __init__(self, key, first_line: int, second_line: int):
-        super().__init__(f"duplicate key {key!r}")
+        super().__init__(f"duplicate key {quote(key)}")
         self.key, self.first_line, self.second_line = key, first_line, second_line
 
 
@@ -56,12 +60,15 @@ def _read_yaml(path: str) -> dict:
         raise ConfigError(f"{path}: config file not found")
     try:
         with open(path, "r", encoding="utf-8") as f:
-            data = yaml.load(f, Loader=UniqueKeyLoader)
+            data = _load_bounded(f, path)
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not a YAML config file (byte {err.start} is not UTF-8 text: a binary file such as "
+                          f"an image or a checkpoint?); give the YAML config with -c") from None
     except _DuplicateKey as err:
         lines = f"lines {err.first_line} and {err.second_line}" if err.first_line != err.second_line else \
             f"line {err.first_line}"
-        raise ConfigError(f"{path}: key {err.key!r} is given twice in the same mapping ({lines}); YAML keeps only "
-                          f"the last, so the first would be ignored silently: merge the two") from None
+        raise ConfigError(f"{path}: key {quote(err.key)} is given twice in the same mapping ({lines}); YAML keeps "
+                          f"only the last, so the first would be ignored silently: merge the two") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -71,6 +78,45 @@ def _read_yaml(path: str) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
     return data
+
+
+def _load_bounded(stream, path: str):
+    """``yaml.load(stream, UniqueKeyLoader)``, refusing before construction a document whose aliases expand it past
+    ``MAX_YAML_VALUES`` values or make it contain itself."""
+    loader = UniqueKeyLoader(stream)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _count_values(node, path, {}, set())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _count_values(node, path: str, counted: dict, open_nodes: set) -> int:
+    """How many values ``node`` expands to (an aliased node is counted once per use, computed once)."""
+    key = id(node)
+    if key in counted:
+        return counted[key]
+    if key in open_nodes:
+        raise ConfigError(f"{path}: line {node.start_mark.line + 1}: an alias refers to a value that contains it "
+                          f"(a recursive structure); a config cannot hold one: write the value out")
+    open_nodes.add(key)
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    else:
+        children = []
+    total = 1 + sum(_count_values(child, path, counted, open_nodes) for child in children)
+    open_nodes.discard(key)
+    if total > MAX_YAML_VALUES:
+        raise ConfigError(f"{path}: line {node.start_mark.line + 1}: its aliases expand this value to {total:,} values "
+                          f"(more than {MAX_YAML_VALUES:,}: aliases nested in aliases, a 'billion laughs' file); a "
+                          f"config needs no such value: write it out")
+    counted[key] = total
+    return total
 
 
 def _record(tree: Any, source: str, sources: Sources, prefix: Tuple[str, ...] = ()) -> None:
@@ -102,7 +148,7 @@ def load_yaml_with_bases(path: str, sources: Sources | None = None, _stack: Tupl
     if isinstance(bases, str):
         bases = [bases]
     if not isinstance(bases, list):
-        raise ConfigError(f"{path}: {BASE_KEY} must be a list of paths, got {bases!r}")
+        raise ConfigError(f"{path}: {BASE_KEY} must be a list of paths, got {quote(bases)}")
     merged: dict = {}
     for base in bases:
         base_path = base if os.path.isabs(base) else os.path.join(os.path.dirname(path), base)
@@ -139,7 +185,7 @@ def apply_overrides(cfg: dict, overrides: Iterable[str], sources: Sources | None
                 child = node[part] = {}
             elif not isinstance(child, dict):
                 raise ConfigError(
-                    f"-o {'.'.join(path)}: '{'.'.join(path[:i + 1])}' is a value ({child!r}), not a section")
+                    f"-o {'.'.join(path)}: '{'.'.join(path[:i + 1])}' is a value ({quote(child)}), not a section")
             node = child
         node[path[-1]] = value
         if sources is not None:

@@ -11,7 +11,7 @@ and ``image_size``.
 from __future__ import annotations
 
 from ppdlx.data.coco_dataset import CocoDetection, CocoLoader, build_coco_dataset
-from ppdlx.data.coco_geometry import eval_size, pad_targets, train_window, transform_boxes
+from ppdlx.data.coco_geometry import eval_size, pad_targets, report_capped_boxes, train_window, transform_boxes
 from ppdlx.data.coco_index import CocoIndex, coco_from_dict, coco_paths, load_coco_api, shared_index, sharing_indexes
 from ppdlx.data.loader_common import dali_required, split_batch_sampler
 from ppdlx.errors import ConfigError
@@ -29,12 +29,16 @@ def build_coco_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch
     if data.backend == "dali":
         with dali_required():
             from ppdlx.data import dali_coco
-        return dali_coco.build_dali_coco_loader(cfg, split, rank, world_size, batch_size=batch_size,
-                                                cat_ids=cat_ids)
-    if data.backend != "paddle":
+        loader = dali_coco.build_dali_coco_loader(cfg, split, rank, world_size, batch_size=batch_size,
+                                                  cat_ids=cat_ids)
+    elif data.backend == "paddle":
+        dataset = build_coco_dataset(cfg, split, cat_ids)
+        sampler = split_batch_sampler(split == "train", len(dataset), batch_size, rank, world_size, cfg.global_.seed,
+                                      shuffle=data.transforms.random, source=dataset.index.json_path)
+        loader = CocoLoader(dataset, sampler, data.workers)
+    else:
         raise ConfigError(f"data.backend={data.backend}: detection (data.dataset=coco) supports paddle or dali; "
                           f"for synthetic detection data run tools/make_synthetic_coco.py")
-    dataset = build_coco_dataset(cfg, split, cat_ids)
-    sampler = split_batch_sampler(split == "train", len(dataset), batch_size, rank, world_size, cfg.global_.seed,
-                                  shuffle=data.transforms.random, source=dataset.index.json_path)
-    return CocoLoader(dataset, sampler, data.workers)
+    if split == "train" and rank == 0:
+        report_capped_boxes(loader.index, data.coco.max_instances, data.coco.skip_crowd)
+    return loader

@@ -18,6 +18,7 @@ from PIL import Image
 from ppdlx.config.preprocess import require_detection_resolved
 from ppdlx.data.coco_geometry import eval_size, pad_targets, record_boxes, train_window, transform_boxes
 from ppdlx.data.coco_index import CocoIndex, IndexedByCoco, coco_paths, shared_index
+from ppdlx.data.image_file import open_rgb
 from ppdlx.data.image_folder import sample_rng
 from ppdlx.data.loader_common import PaddleIOLoader
 from ppdlx.data.transforms import PIL_INTERPOLATION
@@ -54,8 +55,7 @@ class CocoDetection(IndexedByCoco):
     def __getitem__(self, index):
         rec = self.index.records[index]
         try:
-            with Image.open(rec["path"]) as img:
-                img = img.convert("RGB")
+            img = open_rgb(rec["path"])
         except (OSError, ValueError, SyntaxError):
             return None, None, None, rec["id"], 1.0, index
         image, boxes, labels, image_scale = self.transform(img, rec, sample_rng(self.seed, self.epoch, index))
@@ -113,6 +113,11 @@ class CocoLoader(PaddleIOLoader):
 
     def path_of(self, index: int) -> str:
         return self.dataset.records[index]["path"]
+
+    @property
+    def index(self):
+        """The split's ``CocoIndex`` (as the DALI loader's ``index``)."""
+        return self.dataset.index
 
     @property
     def classes(self):

@@ -11,9 +11,13 @@ padded to a fixed ``max_instances`` as yxyx with class -1.
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 # eval: the deploy package's resize (deploy cannot import ppdlx), so exports pre-process as evaluation does
 from ppdlx_deploy.preprocess import resize_long_size as eval_size  # noqa: F401 (ppdlx's name for it)
+
+log = logging.getLogger("ppdlx.data")
 
 
 def train_window(width, height, size, scale_range, rng):
@@ -57,3 +61,17 @@ def pad_targets(boxes_xyxy, labels, max_instances):
         out_b[:n] = boxes_xyxy[:n][:, [1, 0, 3, 2]]
         out_c[:n] = labels[:n]
     return out_b, out_c
+
+
+def report_capped_boxes(index, max_instances: int, skip_crowd: bool) -> int:
+    """One warning line when images of a training split hold more boxes than ``max_instances``, the fixed number
+    a sample carries (:func:`pad_targets` keeps the first ones, the others are never trained on); returns how
+    many images are capped."""
+    counts = [(int(len(r["labels"]) - (r["crowd"].sum() if skip_crowd else 0)), r) for r in index.records]
+    capped = [(n, r) for n, r in counts if n > max_instances]
+    if capped:
+        most, rec = max(capped, key=lambda c: c[0])
+        log.warning("%s: %d training image(s) hold more than data.coco.max_instances=%d boxes (up to %d, in image id "
+                    "%d (%s)); a sample carries at most %d: raise data.coco.max_instances to train on "
+                    "all", index.json_path, len(capped), max_instances, most, rec["id"], rec["file"], max_instances)
+    return len(capped)

@@ -2,7 +2,8 @@
 
 An annotation with a zero/negative-size or malformed box, a box outside the image (by more than
 1 px; up to 1 px is clipped) or an unknown category id, an image whose file is missing, and an
-image whose ``width``/``height`` disagree with its file, is reported with the json file,
+image whose ``width``/``height`` disagree with its file, an image whose ``file_name`` leaves the image folder
+(absolute, or through '..') and an annotation whose ``area`` is not a number, is reported with the json file,
 annotation id and image (``data.coco.invalid: skip``: logged and left out; ``error``:
 ``DataError``); so is an annotation whose ``image_id`` no image has (counted in one line). Two
 images with one id stop whatever the switch says: their annotations cannot be assigned. When no
@@ -24,10 +25,10 @@ import math
 import os
 
 import numpy as np
-from PIL import Image
 
+from ppdlx.data.image_file import open_image
 from ppdlx.data.image_folder import quoted
-from ppdlx.errors import DataError
+from ppdlx.errors import DataError, quote
 
 log = logging.getLogger("ppdlx.data")
 
@@ -75,6 +76,31 @@ def _check_box(bbox, width, height):
     return None
 
 
+def _check_area(ann: dict):
+    """Problem with an annotation's ``area`` (COCO's evaluation sorts boxes into small/medium/large by it), or None
+    when it is a number or absent."""
+    area = ann.get("area")
+    if area is None or (isinstance(area, (int, float)) and not isinstance(area, bool) and math.isfinite(area)
+                        and area >= 0):
+        return None
+    return f"malformed area {quote(area)} (expected the object's area in pixels, a number, or no 'area' key)"
+
+
+def _outside_folder(name: str, image_dir: str):
+    """Why a ``file_name`` points outside ``image_dir`` (an absolute path, or one climbing out with '..'), or None.
+    Such an entry reads a file the data set does not hold: with an absolute path to a val image, training would
+    learn the val split."""
+    if not isinstance(name, str):
+        return f"file_name {quote(name)} is not a path"
+    if not name:
+        return None
+    if os.path.isabs(name):
+        return f"file_name {quote(name)} is an absolute path, outside the image folder {image_dir}"
+    if os.path.normpath(name).split(os.sep)[0] == os.pardir:
+        return f"file_name {quote(name)} leaves the image folder {image_dir} (through '..')"
+    return None
+
+
 def _positive_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
@@ -82,7 +108,7 @@ def _positive_number(value) -> bool:
 def header_size(path: str):
     """``(width, height)`` from the image file's header (PIL decodes no pixels for it), None if unreadable."""
     try:
-        with Image.open(path) as img:
+        with open_image(path) as img:
             return img.size
     except (OSError, ValueError, SyntaxError):
         return None  # the loaders report an undecodable file by name when they reach it
@@ -92,6 +118,7 @@ def header_size(path: str):
 _NO_FILE = "no file"
 _UNSIZED = "no width/height in the json and an unreadable file header"
 _MISSIZED = "json width/height that disagree with the file"
+_OUTSIDE = "a file_name outside the image folder"
 
 
 def _checked_size(info: dict, path: str):
@@ -132,6 +159,7 @@ class CocoIndex:
             raise DataError(f"{json_path}: category ids differ from the training split's ({diff}); both splits must "
                             f"list the same categories")
         _refuse_duplicate_image_ids(json_path, coco.dataset.get("images") or [])
+        _refuse_duplicate_annotation_ids(json_path, coco.dataset.get("annotations") or [])
         label_of = {cid: i for i, cid in enumerate(self.cat_ids)}
         self.invalid: list = []  # (json, annotation id or None, image id, file name, reason)
         left_out_images = {}     # why an image was left out -> [count, first (image id, file name, reason)]
@@ -142,6 +170,10 @@ class CocoIndex:
             info = coco.imgs[image_id]
             name = info.get("file_name", "")
             path = os.path.join(image_dir, name)
+            outside = _outside_folder(name, image_dir)
+            if outside:
+                self._leave_out(left_out_images, _OUTSIDE, invalid, image_id, name, outside)
+                continue
             if not name or not os.path.isfile(path):
                 self._leave_out(left_out_images, _NO_FILE, invalid, image_id, name, f"image file {path} not found")
                 continue
@@ -159,7 +191,7 @@ class CocoIndex:
                 if cid not in label_of:
                     reason = f"unknown category id {cid!r} (categories: {self.cat_ids[:10]})"
                 else:
-                    reason = _check_box(ann.get("bbox"), width, height)
+                    reason = _check_box(ann.get("bbox"), width, height) or _check_area(ann)
                 if reason:
                     self._report(invalid, ann.get("id"), image_id, name, reason)
                     continue
@@ -179,6 +211,7 @@ class CocoIndex:
             log.warning("%s: %d invalid annotations/images skipped in total (first %d listed above)",
                         json_path, len(self.invalid), MAX_REPORTED)
         self._leave_out_orphans(coco, invalid)
+        self.sized_from_file = sized_from_file
         if sized_from_file:
             log.warning("%s: %d image(s) without a width/height in the json: their sizes were read from the image "
                         "files", json_path, sized_from_file)
@@ -287,6 +320,24 @@ def _refuse_duplicate_image_ids(json_path: str, images: list) -> None:
         raise DataError(f"{json_path}: duplicate image id {image_id!r}: images {first!r} and {second!r}{more}; their "
                         f"annotations cannot be assigned to one of them: give every image its own id and point each "
                         f"annotation's image_id at its image")
+
+
+def _refuse_duplicate_annotation_ids(json_path: str, annotations: list) -> None:
+    """Two annotations with one id: pycocotools keys annotations by id, so its evaluation matches detections against
+    the last box of an id in each image holding one (the wrong ground truth, a wrong AP); stops whatever
+    ``data.coco.invalid`` says, in every split, before anything trains or is scored."""
+    images_of = {}
+    for ann in annotations:
+        if isinstance(ann, dict) and ann.get("id") is not None:
+            images_of.setdefault(ann["id"], []).append(ann.get("image_id"))
+    duplicates = [(ann_id, images) for ann_id, images in images_of.items() if len(images) > 1]
+    if duplicates:
+        shown = ", ".join(quote(ann_id) for ann_id, _ in duplicates[:10]) + (", ..." if len(duplicates) > 10 else "")
+        first, images = duplicates[0]
+        raise DataError(f"{json_path}: {len(duplicates)} duplicate annotation id(s): {shown} (id {quote(first)} is "
+                        f"given {len(images)} times, on image ids {', '.join(quote(i) for i in images[:5])}); COCO "
+                        f"evaluation keys annotations by id and would score against the wrong boxes: give every "
+                        f"annotation its own id")
 
 
 def _no_usable_images(json_path: str, image_dir: str, listed: int, left_out: dict) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from PIL import Image
 
+from ppdlx.data.image_file import open_rgb
 from ppdlx.errors import DataError
 from ppdlx.registry import DATASETS
 
@@ -117,8 +117,7 @@ class ImageFolder:
     def __getitem__(self, index):
         path, label = self.samples[index]
         try:
-            with Image.open(path) as img:
-                img = img.convert("RGB")
+            img = open_rgb(path)
             array = self.transform(img, sample_rng(self.seed, self.epoch, index))
         except (OSError, ValueError, SyntaxError):
             return None, label, index

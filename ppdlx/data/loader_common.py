@@ -8,6 +8,7 @@ import logging
 import numpy as np
 import paddle
 
+from ppdlx.data.image_file import why_unreadable
 from ppdlx.data.samplers import EvalBatchSampler, TrainBatchSampler
 from ppdlx.errors import ConfigError, DataError
 
@@ -116,7 +117,7 @@ class PaddleIOLoader:
                 for index in np.asarray(skipped).reshape(-1).tolist():
                     if index >= 0:
                         dropped.append(self.path_of(index))
-                        report_unreadable(self.skipped_files, dropped[-1])
+                        report_unreadable(self.skipped_files, dropped[-1], why_unreadable(dropped[-1]))
                 if arrays[0].ndim == 1:
                     owed += keep_length
                     continue

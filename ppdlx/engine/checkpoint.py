@@ -132,6 +132,12 @@ def recorded_epoch(path: str) -> int:
     return epoch
 
 
+def recorded_global_batch(path: str):
+    """The global batch a checkpoint's manifest records (``optim.global_batch_record``), None when it has none."""
+    kind, where = locate(path)
+    return (unit.read_manifest(where).get("model") or {}).get("global_batch") if kind == "unit" else None
+
+
 def verify(path: str) -> None:
     """Raise CheckpointError unless ``path`` names a complete, intact training checkpoint."""
     kind, where = locate(path)

@@ -35,7 +35,7 @@ from ppdlx.engine.run_dir import check_ranks_resume_alike, prepare_output_dir, r
 from ppdlx.engine.tasks import task_of
 from ppdlx.engine.trainer import Trainer, optimizer_steps_per_epoch
 from ppdlx.errors import ConfigError
-from ppdlx.optim import build_lr_schedule, build_optimizer, scaled_lr
+from ppdlx.optim import batch_change_line, build_lr_schedule, build_optimizer, global_batch_record, scaled_lr
 from ppdlx.quantization import qat
 
 log = logging.getLogger("ppdlx")
@@ -126,7 +126,8 @@ def _assemble_training(cfg, hooks, amp, task, env, resume_path) -> Trainer:
         step, raw_model = _dynamic_step(run_cfg, plan, model, objective, lr_schedule)
     evaluator = task.build_evaluator(run_cfg, raw_model, data.val_loader, env.rank, env.world_size)
     hooks = [*hooks, *task.hooks(run_cfg, data), final_analysis_hook(run_cfg, task, evaluator, data, env.rank)]
-    identity = {"name": cfg.model.name, "num_classes": data.num_classes}
+    batch_record = global_batch_record(cfg, env.world_size)
+    identity = {"name": cfg.model.name, "num_classes": data.num_classes, "global_batch": batch_record}
     trainer = Trainer(step, standard_hooks(cfg, env.rank, lr_schedule, evaluator, step, hooks, identity),
                       train_loader=data.train_loader, epochs=cfg.train.epochs, accumulate=cfg.train.accumulate,
                       steps_per_epoch=cfg.train.steps_per_epoch, log_interval=cfg.global_.log_interval,
@@ -134,6 +135,9 @@ def _assemble_training(cfg, hooks, amp, task, env, resume_path) -> Trainer:
     trainer.plan = plan  # for reports; the loop does not read it
     if resume_path:
         trainer.resume(resume_path)
+        changed = batch_change_line(ckpt.recorded_global_batch(resume_path), batch_record, resume_path)
+        if changed and env.rank == 0:
+            log.warning(changed)
     elif cfg.train.resume == "auto":
         log.info("train.resume=auto: no checkpoint in %s, starting fresh", cfg.global_.output_dir)
     if env.rank == 0:

@@ -1,5 +1,6 @@
 """The training's output directory, settled before anything is built.
 
+* An output directory inside the data (``data.root``) is refused before anything is created.
 * Rank 0 creates ``global.output_dir`` and proves it writable (a directory it cannot write is one line,
   not an error at the first save), then takes ``<output_dir>/train.lock``: ``fcntl.flock`` (the kernel drops
   it when the process ends, however it ends; it works across NFS clients, where a pid check alone would
@@ -10,8 +11,8 @@
 * The lock holder removes what interrupted saves left (``*.tmp-<pid>``, ``*.old-<pid>``).
 * ``train.resume``: ``auto`` -> the newest complete checkpoint (:func:`ppdlx.engine.checkpoint.resolve_resume`),
   or a fresh start in a directory without checkpoints; a path -> that checkpoint, verified; ``never`` -> start
-  over, the directory's checkpoints removed; unset -> start fresh, refused in a directory that holds
-  checkpoints (nothing is overwritten unless asked).
+  over, the directory's checkpoints removed (refused when the directory is reached through a link); unset -> start
+  fresh, refused in a directory that holds checkpoints (nothing is overwritten unless asked).
 """
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ import logging
 import os
 import time
 
+from ppdlx.data.data_dirs import refuse_output_inside_data
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine import checkpoint_unit as unit
 from ppdlx.errors import ConfigError
+from ppdlx.processes import alive
 
 log = logging.getLogger("ppdlx")
 LOCK_NAME = "train.lock"
@@ -35,6 +38,9 @@ _held: dict = {}  # lock file's real path -> (pid, descriptor) of the process ho
 def prepare_output_dir(cfg, rank: int):
     """Settle ``global.output_dir`` for a training: the checkpoint to resume from, or None to start fresh."""
     out, resume = cfg.global_.output_dir, cfg.train.resume
+    refuse_output_inside_data(cfg, out)  # every rank alike, before anything is created
+    if resume == "never":
+        _refuse_clearing_through_link(out)
     if rank == 0:
         _make_writable(out)
         lock_output_dir(out)
@@ -114,16 +120,6 @@ def _pid_in(fd: int):
     return int(text) if text.isdigit() else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def lock_output_dir(out: str) -> None:
     """Hold ``<out>/train.lock`` for this process (see the module doc); ConfigError when another holds it."""
     path = os.path.join(out, LOCK_NAME)
@@ -138,7 +134,7 @@ def lock_output_dir(out: str) -> None:
             break
         except BlockingIOError:
             holder = _pid_in(fd)
-            dead = holder is not None and not _alive(holder)
+            dead = holder is not None and not alive(holder)
             if dead and time.monotonic() < deadline:
                 time.sleep(0.2)
                 continue
@@ -187,6 +183,19 @@ def _remove_checkpoints(out: str) -> None:
         else:
             os.remove(path)
     log.info("train.resume=never: removed the checkpoints in %s (%s)", out, ", ".join(names))
+
+
+def _refuse_clearing_through_link(out: str) -> None:
+    """``train.resume=never`` removes checkpoints: through a link (``out`` or a folder above it) they may be another
+    run's, and the log would name only the link. Refused, naming the real folder, when there are any."""
+    real = os.path.realpath(out)
+    names = ckpt.checkpoint_names(out) if os.path.isdir(out) else []
+    if real == os.path.abspath(out) or not names:
+        return
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    raise ConfigError(f"global.output_dir={out} leads through a symbolic link to {real}, which holds checkpoints "
+                      f"({shown}); train.resume=never would remove them: to start over there, pass "
+                      f"global.output_dir={real}, or choose another global.output_dir")
 
 
 def _repair_best(out: str, path: str) -> None:

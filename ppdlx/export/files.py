@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -14,8 +16,12 @@ from typing import Dict, Sequence
 
 from ppdlx.errors import ConfigError
 from ppdlx.export.meta import META_FILE
+from ppdlx.processes import alive
 
 FORMATS = {"pir": ".json", "program": ".pdmodel"}
+STAGING_PREFIX = ".export-staging-"
+STAGING_NAME = re.compile(re.escape(STAGING_PREFIX) + r"(\d+)-\w+")  # <prefix><pid>-<random>
+log = logging.getLogger("ppdlx")
 
 
 @dataclass(frozen=True)
@@ -72,12 +78,29 @@ def remove_stale(model_dir: str, prefix: str = "inference") -> None:
         shutil.rmtree(os.path.join(model_dir, name), ignore_errors=True)
 
 
+def remove_stale_staging(model_dir: str) -> list:
+    """Remove the staging folders in ``model_dir`` whose export was killed (its process, named in the folder's
+    name, has ended; a folder of a running export, or of a name without a pid, is left alone); returns their
+    names."""
+    removed = []
+    for name in sorted(os.listdir(model_dir)) if os.path.isdir(model_dir) else []:
+        match = STAGING_NAME.fullmatch(name)
+        if match and not alive(int(match.group(1))) and os.path.isdir(os.path.join(model_dir, name)):
+            shutil.rmtree(os.path.join(model_dir, name), ignore_errors=True)
+            removed.append(name)
+    if removed:
+        log.info("removed what killed exports left in %s: %s", model_dir, ", ".join(removed))
+    return removed
+
+
 @contextmanager
 def staged_export(model_dir: str):
     """A fresh staging folder inside ``model_dir`` (same file system, so :func:`publish_export` only
     renames) for an export to be written and checked in; it is removed afterwards, so an export that
-    fails leaves the folder's previous export as it was."""
-    staging = tempfile.mkdtemp(prefix=".export-staging-", dir=model_dir)
+    fails leaves the folder's previous export as it was. Its name carries this process's id: a killed export's
+    folder is removed by the next export into ``model_dir``."""
+    remove_stale_staging(model_dir)
+    staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=model_dir)
     try:
         yield staging
     finally:

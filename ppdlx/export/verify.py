@@ -3,11 +3,12 @@
 ``verify_export(cfg, model_dir, source="val", max_images=None, max_drop=1.0)`` runs, for every
 backend/precision this machine offers (:func:`verify_cases`: paddle-cpu fp32, bf16 where the CPU
 has bf16 hardware, int8 for a quantised export, onnxruntime when the export has an ONNX file,
-paddle-gpu/trt on a CUDA build), the export through the deploy package exactly as a service would
-(:mod:`ppdlx.export.verify_runs`), scores it against ppdlx's own evaluator on the same images and
-gates it (:mod:`ppdlx.export.verify_judge`). The figures go into ``inference.yml`` (``verify:``)
-and the returned record; a failed case carries one line naming the cause (labels, pre-processing
-or numerics). :func:`raise_on_failure` turns a failed record into that one line.
+OpenVINO when installed and the export has a file it reads, paddle-gpu/trt on a CUDA build), the
+export through the deploy package exactly as a service would (:mod:`ppdlx.export.verify_runs`),
+scores it against ppdlx's own evaluator on the same images and gates it
+(:mod:`ppdlx.export.verify_judge`). The figures go into ``inference.yml`` (``verify:``) and the
+returned record; a failed case carries one line naming the cause (labels, pre-processing or
+numerics). :func:`raise_on_failure` turns a failed record into that one line.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from ppdlx.export.verify_runs import deploy_run, evaluator_detections, evaluator
 # A precision the deploy predictor runs only when asked (--precision bf16) or when --precision auto
 # measured it faster: its rounding is a property of the model, not a defect of the export, so a bf16
 # case outside the gate is a warning in the record, and --precision auto then keeps fp32 for this
-# export (ppdlx_deploy.predictors.create_predictor reads verify: from inference.yml).
+# export (ppdlx_deploy.backends.create_predictor reads verify: from inference.yml).
 ADVISORY_PRECISIONS = ("bf16",)
 
 QUANTIZED_ONNX_OPS = ("QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger",
@@ -71,6 +72,9 @@ def verify_cases(model_dir: str, meta: dict, D, cuda: Optional[bool] = None) -> 
                           "run_precision": D.onnx_precision(meta)})
         except ImportError:
             cases.append({"backend": "onnxruntime", "precision": "fp32", "skipped": "onnxruntime is not installed"})
+    if not quantized and (os.path.isfile(onnx_file) or files["format"] == "program"):  # what OpenVINO reads
+        cases.append({"backend": "openvino", "precision": "fp32"} if D.runtime_installed("openvino") else
+                     {"backend": "openvino", "precision": "fp32", "skipped": "openvino is not installed"})
     if cuda and quantized:  # its quantize ops are int8 only through TensorRT on a GPU
         cases.append({"backend": "trt", "precision": "int8"})
         cases.append({"backend": "paddle-gpu", "precision": "int8",

@@ -21,6 +21,8 @@ from typing import List, Optional
 import numpy as np
 import paddle
 
+from ppdlx.data.image_file import open_rgb
+
 TOPK = 5
 
 
@@ -75,14 +77,12 @@ def trained_model_runs(model, vset, cfg, meta: dict, D, batch_size: int = 16) ->
     max_diff, diff_sum, pixels = 0.0, 0.0, 0
     if vset.family == "classification":
         from ppdlx.data.transforms import EvalTransform
-        from PIL import Image
         transform = EvalTransform(cfg.data.transforms, getattr(model, "data_format", cfg.model.data_format))
         ref_scores, dep_scores = [], []
         for idx in _batches(len(vset), batch_size):
             ours = []
             for i in idx:
-                with Image.open(vset.paths[i]) as img:  # the training loader's decode
-                    ours.append(transform(img.convert("RGB")))
+                ours.append(transform(open_rgb(vset.paths[i])))  # the training loader's decode
             ours = np.stack(ours)
             theirs = prep.feeds_from_files([vset.paths[i] for i in idx])[prep.input_name]
             max_diff, diff_sum, pixels = _accumulate(ours, theirs, max_diff, diff_sum, pixels)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import ppdlx.optim.rmsprop_tf  # noqa: F401  (registers rmsprop_tf)
 from ppdlx.optim.optimizers import flat_optimizer, grad_clip, is_no_decay, param_groups
-from ppdlx.optim.schedules import build_lr_schedule, scaled_lr
+from ppdlx.optim.schedules import batch_change_line, build_lr_schedule, global_batch_record, scaled_lr
 from ppdlx.registry import OPTIMIZERS
 
-__all__ = ["build_lr_schedule", "build_optimizer", "flat_optimizer", "grad_clip", "is_no_decay", "param_groups",
-           "scaled_lr"]
+__all__ = ["batch_change_line", "build_lr_schedule", "build_optimizer", "flat_optimizer", "global_batch_record",
+           "grad_clip", "is_no_decay", "param_groups", "scaled_lr"]
 
 
 def build_optimizer(cfg, model, lr_schedule, multi_precision=False):

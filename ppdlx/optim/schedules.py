@@ -12,6 +12,32 @@ def scaled_lr(cfg, global_batch: int) -> float:
     return lr.base_lr * (global_batch / lr.base_batch if lr.scale_with_batch else 1.0)
 
 
+def global_batch_record(cfg, world_size: int) -> dict:
+    """What a checkpoint records of the global batch it was trained with, and the peak learning rate that follows."""
+    batch = cfg.data.batch_size * world_size * cfg.train.accumulate
+    return {"batch_size": cfg.data.batch_size, "ranks": world_size, "accumulate": cfg.train.accumulate,
+            "global": batch, "peak_lr": scaled_lr(cfg, batch)}
+
+
+def _describe_batch(record: dict) -> str:
+    ranks = record["ranks"]
+    return (f"global batch {record['global']} ({record['batch_size']} x {ranks} rank{'s' if ranks != 1 else ''} x "
+            f"{record['accumulate']} accumulate), peak lr {record['peak_lr']:.4g}")
+
+
+def batch_change_line(saved, now: dict, shown: str):
+    """One line when a resumed run trains at another global batch than its checkpoint (``saved``, None for a
+    checkpoint that records none): what each used and how the learning rate changes; None when nothing did."""
+    if not saved or (saved.get("global"), saved.get("peak_lr")) == (now["global"], now["peak_lr"]):
+        return None
+    ratio = now["peak_lr"] / saved["peak_lr"] if saved.get("peak_lr") else float("nan")
+    lr = f"the learning rate schedule goes on at {ratio:.3g}x the checkpoint's" if ratio != 1 else \
+        "the learning rate schedule is unchanged (lr.scale_with_batch=false)"
+    return (f"{shown} was trained with {_describe_batch(saved)}; this run uses {_describe_batch(now)}: {lr}, and "
+            f"the schedule continues from the same fraction of the training (its step count is carried over); "
+            f"resume with the checkpoint's data.batch_size / train.accumulate / ranks to keep its recipe")
+
+
 def _with_warmup(schedule, peak_lr, warmup_steps, start_lr):
     if warmup_steps <= 0:
         return schedule

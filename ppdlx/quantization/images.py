@@ -9,8 +9,8 @@ from types import SimpleNamespace
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
-from PIL import Image
 
+from ppdlx.data.image_file import open_rgb
 from ppdlx.data.image_folder import IMAGE_EXTENSIONS, scan_image_folder
 from ppdlx.data.transforms import EvalTransform
 from ppdlx.errors import ConfigError, DataError, UnsupportedError
@@ -74,8 +74,7 @@ class ExportPreprocess:
 
     def __call__(self, path: str) -> np.ndarray:
         try:
-            with Image.open(path) as img:
-                img = img.convert("RGB")
+            img = open_rgb(path)
             return self.transform(img)
         except KeyError as err:
             raise ConfigError(f"inference.yml preprocess.interpolation {err}: not one ppdlx resizes with") from None

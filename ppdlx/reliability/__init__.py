@@ -6,9 +6,11 @@ from __future__ import annotations
 
 def all_cases() -> list:
     """Every case, in the order of the report."""
-    from ppdlx.reliability import cases_checkpoint, cases_coco, cases_data, cases_export, cases_outputs
+    from ppdlx.reliability import (cases_checkpoint, cases_coco, cases_data, cases_export, cases_large_images,
+                                   cases_outputs, cases_tools)
     cases = []
-    for module in (cases_checkpoint, cases_outputs, cases_export, cases_data, cases_coco):
+    for module in (cases_checkpoint, cases_outputs, cases_export, cases_data, cases_coco, cases_large_images,
+                   cases_tools):
         cases += module.cases()
     names = [c.name for c in cases]
     duplicates = sorted({n for n in names if names.count(n) > 1})

@@ -11,21 +11,24 @@ from ppdlx.reliability.faults import truncate
 
 AREA = "data (COCO)"
 TRAIN_JSON = os.path.join("annotations", "instances_train.json")
+VAL_JSON = os.path.join("annotations", "instances_val.json")
 
 
-def _edit(edit, description, mentions=("instances_train.json",), overrides=(), **facts):
-    """A prepare that copies the COCO fixture, lets ``edit(doc, root)`` change the train json (or the files),
-    and trains the detection demo on it for one step."""
+def _edit(edit, description, mentions=("instances_train.json",), overrides=(), json_file=TRAIN_JSON,
+          tool="tools/train.py", args=(), **facts):
+    """A prepare that copies the COCO fixture, lets ``edit(doc, root)`` change the train json (or ``json_file``, or
+    the files), and trains the detection demo on it for one step (or runs ``tool``)."""
     def prepare(ctx):
         root = ctx.copy("coco")
-        path = os.path.join(root, TRAIN_JSON)
+        path = os.path.join(root, json_file)
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
         doc = edit(doc, root)
         if doc is not None:
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(doc, f)
-        return Run(ctx.detection("tools/train.py", root, *overrides), mentions=list(mentions),
+        return Run(ctx.detection(tool, root, *overrides, args=tuple(a.format(case=ctx.dir) for a in args)),
+                   mentions=list(mentions),
                    description=description, facts=dict(facts))
     return prepare
 
@@ -93,6 +96,25 @@ def _unknown_category(doc, root):
     return doc
 
 
+def _file_name_outside(doc, root):
+    """The first train image points at a val image by absolute path, the second climbs out with '..'."""
+    with open(os.path.join(root, VAL_JSON), encoding="utf-8") as f:
+        val_name = json.load(f)["images"][0]["file_name"]
+    doc["images"][0]["file_name"] = os.path.join(root, "val", val_name)
+    doc["images"][1]["file_name"] = os.path.join("..", "val", val_name)
+    return doc
+
+
+def _duplicate_annotation_ids(doc, root):
+    doc["annotations"][1]["id"] = doc["annotations"][0]["id"]
+    return doc
+
+
+def _area_not_a_number(doc, root):
+    doc["annotations"][0]["area"] = "big"
+    return doc
+
+
 def cases():
     return [
         Case("coco_no_width_height", AREA, "train.py", "", _edit(_drop_sizes, "train json images without "
@@ -116,4 +138,21 @@ def cases():
              "(data.coco.invalid=skip)"), check=_output_mentions("train_00000", "missing", "not found")),
         Case("coco_unknown_category", AREA, "train.py", "", _edit(_unknown_category, "an annotation with "
              "category_id 42 (not in categories)"), check=_output_mentions("42", "category")),
+        Case("coco_file_name_outside_image_folder", AREA, "train.py", "", _edit(
+            _file_name_outside, "train json file_names: one the absolute path of a val image, one '../val/...'"),
+             check=_output_mentions("outside the image folder", "leaves the image folder")),
+        Case("coco_file_name_outside_error", AREA, "train.py", "", _edit(
+            _file_name_outside, "train json file_name: the absolute path of a val image, data.coco.invalid=error",
+            overrides=("data.coco.invalid=error",))),
+        Case("check_data_coco_file_name_outside", AREA, "check_data.py", "", _edit(
+            _file_name_outside, "check_data.py on a train json whose file_names leave the image folder",
+            tool="tools/check_data.py", args=("--quick", "--out", "{case}/report")),
+             check=_output_mentions("outside the image folder", "leaves the image folder")),
+        Case("coco_duplicate_annotation_ids_val", AREA, "train.py", "", _edit(
+            _duplicate_annotation_ids, "val json: two annotations with the same id", json_file=VAL_JSON,
+            mentions=("instances_val.json", "duplicate annotation id"))),
+        Case("check_data_coco_area_not_a_number", AREA, "check_data.py", "", _edit(
+            _area_not_a_number, "check_data.py on a train json with an annotation whose area is \"big\"",
+            tool="tools/check_data.py", args=("--quick", "--out", "{case}/report")),
+             check=_output_mentions("area")),
     ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import resource
+import subprocess
+import sys
 
 from ppdlx.reliability.battery import Case, Run
 from ppdlx.reliability.faults import (all_checkpoint_files, checkpoint_epoch, checkpoint_file, read_params,
@@ -72,6 +74,44 @@ def _left_clean(ctx, run, result):
     return None
 
 
+def _link_to_another_run(ctx):
+    other = ctx.copy("run", "other_run")
+    link = ctx.path("mine")
+    os.symlink(other, link)
+    return Run(ctx.train(link, "train.resume=never", epochs=1), mentions=["other_run", "symbolic link"],
+               protect=all_checkpoint_files(other),
+               description="global.output_dir a symbolic link to another run's folder, train.resume=never")
+
+
+def _inside_data(ctx):
+    tree = ctx.copy("digits")
+    return Run(ctx.train(os.path.join(tree, "train", "run"), data=tree, epochs=1), mentions=["data.root"],
+               facts={"tree": tree}, description="global.output_dir inside data.root/train")
+
+
+def _data_untouched(ctx, run, result):
+    created = os.path.join(run.facts["tree"], "train", "run")
+    return f"created {created} among the class folders" if os.path.exists(created) else None
+
+
+def _stale_staging(ctx):
+    """A copy of the export fixture holding the staging folder of an export that was killed (its pid has ended)."""
+    model_dir = ctx.copy("export", "model")
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    stale = os.path.join(model_dir, f".export-staging-{ended.pid}-k1ll3d")
+    os.makedirs(stale)
+    write_text(os.path.join(stale, "inference.pdiparams"), "half of an export\n")
+    return Run(ctx.export(os.path.join(ctx.fx.get("run"), "latest"), model_dir), facts={"stale": stale},
+               description="export into a folder holding the staging folder of an export that was killed")
+
+
+def _stale_removed(ctx, run, result):
+    if os.path.exists(run.facts["stale"]):
+        return False, f"exit 0, but {os.path.basename(run.facts['stale'])} was left behind"
+    return True, "exit 0, the killed export's staging folder removed"
+
+
 def cases():
     return [
         Case("train_output_dir_unwritable", AREA, "train.py", "", _train_output_unwritable),
@@ -79,4 +119,8 @@ def cases():
         Case("two_trainings_one_output_dir", AREA, "train.py", "", _two_trainings, runner=second_training,
              after=_first_undisturbed, timeout=400),
         Case("disk_full_during_save", AREA, "train.py", "", _disk_full, after=_left_clean),
+        Case("output_dir_link_to_another_run_resume_never", AREA, "train.py", "", _link_to_another_run),
+        Case("export_after_a_killed_export", "export", "export_model.py", "", _stale_staging, expect="ok",
+             check=_stale_removed),
+        Case("output_dir_inside_data_root", AREA, "train.py", "", _inside_data, after=_data_untouched),
     ]

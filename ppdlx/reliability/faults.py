@@ -7,7 +7,9 @@ import glob
 import os
 import pickle
 import shutil
+import struct
 import threading
+import zlib
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -161,3 +163,15 @@ def checkpoint_epoch(directory: str, name: str) -> Optional[int]:
         states = pickle.load(f)
     epoch = states.get("epoch") if isinstance(states, dict) else None
     return int(epoch) if epoch is not None else None
+
+
+def decompression_bomb_png(path: str, side: int = 50_000) -> str:
+    """A 69-byte PNG whose header declares ``side`` x ``side`` RGB pixels (7.5 GB decoded at 50000): what Pillow
+    calls a decompression bomb. Its pixel data is cut short; every reader must refuse it at the header."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+                + chunk(b"IEND", b""))
+    return path

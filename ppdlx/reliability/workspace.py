@@ -37,7 +37,7 @@ class Fixtures:
         self._built: Dict[str, object] = {}
         self._builders: Dict[str, Callable[[], str]] = {
             "digits": self._digits, "run": self._run, "export": self._export, "export_program": self._export_program,
-            "coco": self._coco,
+            "coco": self._coco, "detection_run": self._detection_run,
         }
         self._locks = {name: threading.Lock() for name in self._builders}
 
@@ -112,6 +112,18 @@ class Fixtures:
         if not os.path.isdir(os.path.join(out, "annotations")):
             self._call([sys.executable, os.path.join(self.root, "tools", "make_synthetic_coco.py"), "--train", "16",
                         "--val", "8", "--output", out, "--force"], "COCO set")
+        return out
+
+
+    def _detection_run(self) -> str:
+        """The detection demo trained one step on the COCO fixture (a checkpoint for the detection tools)."""
+        out = os.path.join(self.base, "detection_run")
+        if not os.path.isfile(os.path.join(out, "done")):
+            shutil.rmtree(out, ignore_errors=True)
+            self._call([sys.executable, os.path.join(self.root, "tools", "train.py"), "-c", DETECTION_CONFIG, "-o",
+                        *DETECTION_OVERRIDES, f"data.root={self.get('coco')}", f"global.output_dir={out}"],
+                       "detection training run")
+            open(os.path.join(out, "done"), "w").close()
         return out
 
 

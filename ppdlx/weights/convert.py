@@ -189,6 +189,13 @@ def convert_state(source_name: str, path: str, model: Union[str, Callable], num_
                      f"the model initialises it for {num_classes} classes")
     if cast_from:
         notes.append(f"cast from {', '.join(sorted(cast_from))} to float32")
+    partial = [k for k in targets if k in class_keys and k not in arrays and k not in reinitialised]
+    if partial:
+        held = ", ".join(f"'{owner[k]}'" for k in sorted(class_keys) if k in owner)
+        raise WeightsError(f"{path}: the file holds the classifier's {held} but nothing for ppdlx '{partial[0]}' "
+                           f"(entry '{entry}'): a classifier cannot be half converted: "
+                           f"convert a complete state_dict, or pass --num-classes with another class count to "
+                           f"initialise the classifier afresh")
     out = collections.OrderedDict((k, arrays[k]) for k in targets if k not in reinitialised)
     dropped = collections.Counter(reason for _, reason in drops)
     metadata = {

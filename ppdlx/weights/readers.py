@@ -32,6 +32,7 @@ from ppdlx.weights.errors import WeightsError
 from ppdlx.weights.unpickle import Refused, RestrictedUnpickler, materialize, widen_storage
 
 TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+ZIP_LOCAL_HEADER = b"PK\x03\x04"  # a zip's first bytes; zipfile finds an archive by its end, which a cut file lacks
 PADDLE_STRUCTURE_KEY = "StructuredToParameterName@@"  # paddle.save's name table, not a tensor
 SAFETENSORS_DTYPES = {
     "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "bfloat16", "I64": "<i8", "I32": "<i4", "I16": "<i2",
@@ -71,6 +72,10 @@ def read_checkpoint(path: str) -> Checkpoint:
             fmt, content = "safetensors", _read_safetensors(path)
         elif head[:1] == b"\x80":
             fmt, content = _read_pickle_file(path)
+        elif head.startswith(ZIP_LOCAL_HEADER):
+            raise WeightsError(f"{path}: a zip archive (PyTorch's checkpoint format) without its end, the zip's "
+                               f"central directory: the file is cut short (an interrupted download or copy?); fetch "
+                               f"or copy it again")
         elif tarfile.is_tarfile(path):
             raise WeightsError(f"{path}: a PyTorch <= 0.3 tar checkpoint is not supported; load it with that "
                                f"PyTorch and save the state_dict again (torch.save or safetensors)")

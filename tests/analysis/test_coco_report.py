@@ -104,7 +104,7 @@ def test_coco_counts_and_planted_faults(shapes):
     assert train.touching == want["touching"] and train.touching > 0
     assert [i[0] for i in train.invalid] == [shapes["invalid_id"]]
     assert "outside the" in train.invalid[0][3]
-    assert val.unreadable == [(shapes["corrupt"], "cannot be decoded (PIL)")]
+    assert val.unreadable == [(shapes["corrupt"], "cannot be decoded (PIL: cannot identify image file)")]
     assert report.duplicates == [(shapes["copy"], shapes["source"])]
     json_size = next((im["width"], im["height"]) for im in load_json(shapes["json"]["val"])["images"]
                      if im["file_name"] == os.path.basename(shapes["copy"]))
@@ -194,3 +194,17 @@ def test_a_training_json_without_any_box_is_one_line_with_the_fix(shapes):
         f"{train_json}: no box to train on ({images} usable images, 0 valid annotations, {images} invalid "
         f"annotations/images left out (first: zero or negative size bbox [0, 0, 0, 0])); a detector needs boxes: add "
         f"annotations to the json or fix the invalid ones"]
+
+
+def test_images_without_a_size_in_the_json_are_said_by_the_start_of_training_check(shapes):
+    # Before: CocoIndex logged it while the check built the shared index with its lines muted, and every later reader
+    # reused that index: training never said it (fault battery case coco_no_width_height: SILENT).
+    train_json = shapes["json"]["train"]
+    train = load_json(train_json)
+    for image in train["images"][:3]:
+        image.pop("width"), image.pop("height")
+    save_json(train_json, train)
+    report = check_data(cfg_for(shapes["root"]), decode=False, hash_files=False)
+    assert report.splits["train"].sized_from_file == 3
+    assert f"{train_json}: 3 images without a width/height in the json: their sizes were read from the image files" \
+        in report.warnings

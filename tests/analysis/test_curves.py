@@ -83,3 +83,18 @@ def test_plot_tool_and_run_end_figure(runs, tmp_path):
                           cwd=ROOT)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path}: no metrics.jsonl")
+
+
+@pytest.mark.parametrize("content, described", [(b"", "empty"), (bytes(range(256)) * 4, "1024 bytes, binary"),
+                                                (b'{"kind": "train"}\nnot json\n', "27 bytes")])
+def test_plot_of_a_metrics_file_without_records_is_one_line(tmp_path, content, described):
+    # Before: an empty file ended in "ValueError: number sections must be larger than 0" (matplotlib's legend), a
+    # binary one in a UnicodeDecodeError traceback.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_bytes(content)
+    proc = subprocess.run([sys.executable, PLOT, str(run)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {run / 'metrics.jsonl'}: no metrics record in it ({described}, no line a JSON object with a 'step'); "
+        f"give a run directory whose training logged a step")

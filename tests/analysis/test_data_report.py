@@ -62,7 +62,7 @@ def test_counts_corrupt_duplicate_and_empty_class(faulty_tree):
     assert train.class_counts[4] == 0 and train.images == 64 + 1
     assert val.class_counts == expected_counts(root, "val") and val.images == 16 + 1
     assert train.imbalance == float("inf")
-    assert train.unreadable == [(faulty_tree["corrupt"], "cannot be decoded (PIL)")]
+    assert train.unreadable == [(faulty_tree["corrupt"], "cannot be decoded (PIL: cannot identify image file)")]
     assert val.unreadable == []
     assert report.duplicates == [(faulty_tree["copy"], faulty_tree["source"])]
     assert set(train.sizes.values()) == {(32, 32)} and len(train.sizes) == 64

@@ -135,8 +135,6 @@ def test_boxes_far_outside_the_image_are_drawn_cut_to_it(shapes):
     """draw_boxes cuts each box to the image the axes show and puts its label inside the axes (the label at
     -1e11 px overflowed FreeType's rasteriser: 'FT_Render_Glyph ... raster overflow')."""
     pytest.importorskip("matplotlib")
-    from matplotlib.patches import Rectangle
-
     from ppdlx.analysis.figures import draw_boxes, new_figure, show_image
     fig = new_figure(200, 150)
     ax = fig.subplots()
@@ -144,12 +142,28 @@ def test_boxes_far_outside_the_image_are_drawn_cut_to_it(shapes):
     draw_boxes(ax, [[-1.3e11, -0.7e11, 2.9e11, 1.5e11], [3.0, 4.0, 10.0, 12.0], [50.0, 5.0, 5.0, 5.0],
                     [float("inf"), 0.0, 5.0, 5.0]], ["far", "small", "outside", "inf"], [(1, 0, 0)] * 4,
                scores=[0.9, 0.8, 0.7, 0.6])
-    rects = [(p.get_x(), p.get_y(), p.get_width(), p.get_height()) for p in ax.patches if isinstance(p, Rectangle)]
+    rects = [tuple(p.get_extents().bounds) for c in ax.collections for p in c.get_paths()]
     assert rects == [(-0.5, -0.5, 40.0, 30.0), (3.0, 4.0, 10.0, 12.0)]  # wholly outside / not finite: not drawn
     labels = {t.get_text(): t.get_position() for t in ax.texts}
     assert labels == {"far 0.90": (-0.5, -0.5), "small 0.80": (3.0, 4.0)}
     assert [t.get_va() for t in ax.texts] == ["top", "top"]  # no room above either box: inside its top edge
     fig.canvas.draw()  # renders the labels
+
+
+def test_an_image_with_a_thousand_boxes_outlines_all_and_labels_the_largest(shapes):
+    """Before: a text per box; tools/check_data.py on an image set with 1,000 boxes per image spent minutes drawing
+    data_samples.png (100,000 annotations: not finished after 240 s)."""
+    pytest.importorskip("matplotlib")
+    from ppdlx.analysis.figures import MAX_BOX_LABELS, draw_boxes, new_figure, show_image
+    fig = new_figure(200, 150)
+    ax = fig.subplots()
+    show_image(ax, np.zeros((100, 100, 3), np.uint8))
+    boxes = [[i % 90, (i // 90) % 90, 1 + i % 10, 1 + i % 7] for i in range(1000)]
+    assert draw_boxes(ax, boxes, [f"b{i}" for i in range(1000)], [(0, 0, 1)] * 1000) == MAX_BOX_LABELS == 25
+    assert sum(len(c.get_paths()) for c in ax.collections) == 1000 and len(ax.texts) == 25
+    area = {f"b{i}": w * h for i, (_, _, w, h) in enumerate(boxes)}
+    labelled = {t.get_text() for t in ax.texts}
+    assert min(area[n] for n in labelled) >= max(a for n, a in area.items() if n not in labelled)
 
 
 def test_analysis_of_far_boxes_writes_its_report_and_figures(shapes, tmp_path):

@@ -1,6 +1,7 @@
 """``tools/benchmark.py infer`` compares runtimes the way a sceptical engineer accepts (issue 17):
 each runtime in its own fresh worker process, alternated round by round, per-round ratios reported
 with their spread, and the JSON records the CPU, the libraries and the thread settings."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -50,6 +51,24 @@ def test_ratio_statistics_from_known_per_round_times():
         D.ratio_stats([1.0, 2.0], [1.0])
 
 
+def test_the_default_deployment_is_compared_with_the_fastest_runtime_by_its_median():
+    """auto over the runtime with the lowest median, round by round; not over each round's least time,
+    which two equally fast runtimes with noise would push below either of them."""
+    from ppdlx.benchmarks.infer_runtimes import vs_fastest
+    replies = {"paddle-cpu fp32": [_reply([30], [0.0]), _reply([30], [0.0]), _reply([30], [0.0])],
+               "onnxruntime fp32": [_reply([10], [0.0]), _reply([12], [0.0]), _reply([10], [0.0])],
+               "openvino fp32": [_reply([12], [0.0]), _reply([10], [0.0]), _reply([11], [0.0])],
+               "auto fp32": [_reply([10], [0.0]), _reply([12], [0.0]), _reply([11], [0.0])]}
+    (auto,) = vs_fastest(D, replies, "auto fp32", [1])
+    assert auto["reference"] == "onnxruntime fp32" and auto["fastest_of"] == ["paddle-cpu fp32", "onnxruntime fp32",
+                                                                             "openvino fp32"]
+    assert auto["per_round"] == pytest.approx([1.0, 1.0, 1.1]) and auto["median"] == pytest.approx(1.0)
+    (paddle,) = vs_fastest(D, replies, "paddle-cpu fp32", [1])  # Paddle's own ratio, to the fastest other runtime
+    assert paddle["fastest_of"] == ["onnxruntime fp32", "openvino fp32"] and paddle["median"] == pytest.approx(3.0)
+    assert vs_fastest(D, {"auto fp32": replies["auto fp32"], "openvino fp32": replies["openvino fp32"]},
+                      "auto fp32", [1]) is None
+
+
 def test_zero_steps_is_one_line_and_fails():
     proc = _tool("-c", "configs/demo/rn50_demo.yaml", "--steps", "0")
     assert proc.returncode == 2 and proc.stdout == ""
@@ -79,8 +98,9 @@ def test_runtimes_run_in_alternating_fresh_processes_and_the_json_records_the_ma
                  "--runtimes", "auto,paddle-cpu fp32 mkl-fc", "--matmul-size", "256", "--report", str(report))
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(report.read_text())
-    names = ["paddle-cpu fp32", "onnxruntime fp32"] + (["paddle-cpu bf16"] if has_bf16(cpu_features()) else []) + \
-        ["paddle-cpu fp32 mkl-fc"]
+    openvino = importlib.util.find_spec("openvino") is not None
+    names = ["paddle-cpu fp32", "onnxruntime fp32"] + (["openvino fp32"] if openvino else []) + ["auto fp32"] + \
+        (["paddle-cpu bf16"] if has_bf16(cpu_features()) else []) + ["paddle-cpu fp32 mkl-fc"]
     # every runtime once per round, in its own process, order reversed every other round
     expected = [n for rnd in D.alternating_order(names, 3) for n in rnd]
     assert [o["runtime"] for o in r["order"]] == expected
@@ -140,6 +160,21 @@ def test_runtimes_run_in_alternating_fresh_processes_and_the_json_records_the_ma
     assert workers["paddle-cpu fp32"]["versions"]["paddle"] == paddle.__version__
     assert any(line.startswith("bs 1: paddle-cpu fp32 / onnxruntime fp32 = ") and "(median of 3 rounds; range " in line
                for line in r["notes"])
+    # the default deployment: decided once per batch size before the rounds, then timed as the runtime it chose,
+    # and compared round by round with the fastest of the runtimes run separately
+    for bs in (1, 2):
+        decision = r["auto_decisions"][str(bs)]
+        assert decision["line"].startswith(f"backend auto: {decision['chosen']}, median ")
+        assert decision["chosen"].split()[0] in ("paddle-cpu", "onnxruntime", "openvino")
+        assert rows[("auto fp32", bs)]["engine"] in ("onednn", "paddle-openvino", "onnxruntime", "openvino")
+        fastest = next(x for x in r["vs_fastest"] if x["runtime"] == "auto fp32" and x["batch_size"] == bs)
+        separate = [n for n in ("paddle-cpu fp32", "onnxruntime fp32", "openvino fp32") if n in names]
+        assert len(fastest["per_round"]) == 3 and fastest["fastest_of"] == separate
+        assert fastest["reference"] == min(separate, key=lambda n: rows[(n, bs)]["round_median_ms"]["median"])
+        assert rows[("auto fp32", bs)]["vs_fastest"] == pytest.approx(fastest["median"])
+    if openvino:  # no Paddle thread pool in the OpenVINO worker either
+        versions = workers["openvino fp32"]["versions"]
+        assert "paddle" not in versions and "openvino" in versions
 
 
 def test_profile_splits_each_batch_into_convolutions_other_kernels_and_the_rest(tmp_path):

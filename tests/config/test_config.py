@@ -361,3 +361,56 @@ def test_cli_config_directory_exits_2_with_one_line():
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: configs/demo: is a directory, not a config file; give a YAML file, e.g. configs/demo/"
         "efficientdet_demo.yaml")
+
+
+def _laughs(levels=8, width=9, tail="train:\n  epochs: *l{last}\n"):
+    """A 'billion laughs' YAML: each level repeats the alias of the one before ``width`` times."""
+    lines = ["l0: &l0 [" + ", ".join(['"lol"'] * width) + "]"]
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n" + tail.format(last=levels - 1)
+
+
+def test_a_yaml_alias_bomb_is_refused_before_anything_walks_it(tmp_path):
+    # Before: refused only by validation, whose error line quoted the expanded value (522 MB, 1.5 GB of memory);
+    # in model.args (any mapping) freezing the config walked all 43 million values for minutes.
+    for name, tail in (("epochs.yaml", "train:\n  epochs: *l{last}\n"),
+                       ("args.yaml", "model:\n  args:\n    width: *l{last}\n")):
+        path = write(tmp_path / name, _laughs(tail=tail))
+        with pytest.raises(ConfigError) as err:
+            load_config(path)
+        assert str(err.value) == (f"{path}: line 6: its aliases expand this value to 597,871 values (more than "
+                                  f"100,000: aliases nested in aliases, a 'billion laughs' file); a config needs no "
+                                  f"such value: write it out")
+    # aliases that expand modestly still load
+    cfg = load_config(write(tmp_path / "ok.yaml", "data:\n  transforms:\n    mean: &m [0.5, 0.5, 0.5]\n"
+                                                  "    std: *m\n"))
+    assert list(cfg.data.transforms.std) == [0.5, 0.5, 0.5]
+
+
+def test_a_recursive_yaml_alias_is_refused(tmp_path):
+    path = write(tmp_path / "rec.yaml", "model:\n  args: &a\n    inner: *a\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (f"{path}: line 2: an alias refers to a value that contains it (a recursive "
+                              f"structure); a config cannot hold one: write the value out")
+
+
+def test_an_error_line_quotes_a_large_value_cut_short(tmp_path):
+    path = write(tmp_path / "big.yaml", {"train": {"epochs": [list(range(50))] * 50}})
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: train.epochs: bad value [[0, 1, 2, 3, 4, 5, ...], [0, 1, 2, 3, 4, 5, ...]")
+    assert message.endswith(": input should be a valid integer") and len(message) < len(path) + 200
+
+
+def test_cli_config_that_is_a_jpeg_exits_2_with_one_line(tmp_path):
+    from PIL import Image
+    jpeg = tmp_path / "photo.jpg"
+    Image.new("RGB", (16, 16), (200, 10, 10)).save(jpeg)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train.py"), "-c", str(jpeg)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {jpeg}: not a YAML config file (byte 0 is not UTF-8 text: a binary file such as an image or a "
+        f"checkpoint?); give the YAML config with -c"]

@@ -73,7 +73,7 @@ def test_corrupt_jpeg_is_skipped_with_one_warning_naming_it(tiny_tree, tmp_path,
         seen_again = sum(int(y.shape[0]) for _, y in loader)
     assert loader.num_images == 17 and seen == 16 and seen_again == 16
     warnings = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
-    assert warnings == [f"skipping unreadable image {bad} (1 skipped so far)"]
+    assert warnings == [f"skipping unreadable image {bad} (Truncated File Read; 1 skipped so far)"]
     assert loader.skipped_files == [str(bad)]
 
 

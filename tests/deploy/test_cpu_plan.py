@@ -7,8 +7,6 @@ import numpy as np
 import pytest
 
 from ppdlx.benchmarks.infer import load_deploy_module
-from ppdlx.config import load_config
-from ppdlx.export import export_model
 
 D = load_deploy_module()
 INTEL_BF16 = {"vendor": "GenuineIntel", "model_name": "Intel Xeon (sample)",
@@ -75,19 +73,6 @@ def test_bf16_and_int8_are_offered_by_detected_features(tmp_path):
         D.build_plan({}, files, "trt", "auto")
 
 
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory):
-    base = tmp_path_factory.mktemp("cpu_plan")
-    dirs = {}
-    for fmt in ("program", "pir"):
-        cfg = load_config(None, ["model.name=resnet18_bottleneck_tiny", "model.num_classes=3",
-                                 "data.transforms.crop_size=32", "data.transforms.resize_short=36",
-                                 "data.root=/nonexistent", "global.seed=7"])
-        dirs[fmt] = str(base / fmt)
-        export_model(cfg, output_dir=dirs[fmt], onnx=True, fmt=fmt, check_batch_sizes=(1,))
-    return dirs
-
-
 @pytest.mark.parametrize("fmt", ["program", "pir"])
 def test_every_variant_computes_onnxruntimes_outputs(exports, fmt, tmp_path, monkeypatch):
     pytest.importorskip("onnxruntime")
@@ -118,10 +103,10 @@ def test_auto_plan_is_measured_in_workers_once_then_cached(exports, tmp_path, mo
     files = D.model_files(exports["pir"])
     kwargs = dict(threads=1, batch_size=2, rounds=1, warmup=1, steps=2, features=AMD_AVX2)
     first = D.choose_cpu_plan(exports["pir"], files, "fp32", "auto", **kwargs)
-    assert not first["cached"] and set(first["medians_ms"]) == {"fp32 default", "fp32 mkl-fc"}
+    assert not first["cached"] and set(first["medians_ms"]) == {"paddle-cpu fp32 default", "paddle-cpu fp32 mkl-fc"}
     assert all(ms > 0 for ms in first["medians_ms"].values())
     chosen = min(first["medians_ms"], key=first["medians_ms"].get)
-    assert f"{first['precision']} {first['cpu_variant']}" == chosen
+    assert f"paddle-cpu {first['precision']} {first['cpu_variant']}" == chosen
     assert first["line"].startswith(f"cpu plan: {chosen}, median ")
     assert "1 round(s) in separate processes on AMD EPYC (sample)" in first["line"]
     second = D.choose_cpu_plan(exports["pir"], files, "fp32", "auto", **kwargs)
@@ -132,7 +117,7 @@ def test_auto_plan_is_measured_in_workers_once_then_cached(exports, tmp_path, mo
     other = D.choose_cpu_plan(exports["pir"], files, "fp32", "default", **dict(kwargs, features=INTEL_BF16))
     assert other["line"] == "cpu plan: fp32 default (the only candidate; nothing to measure)"
     predictor = D.create_predictor(exports["pir"], "paddle-cpu", "fp32", threads=1, batch_size=2, cpu_variant="auto")
-    assert predictor.plan["notes"][0].startswith("cpu plan: fp32 ")
+    assert predictor.plan["notes"][0].startswith("cpu plan: paddle-cpu fp32 ")
     assert predictor.plan["cpu_variant"] == predictor.plan["cpu_choice"]["cpu_variant"]
 
 
@@ -154,17 +139,19 @@ def test_cli_cpu_variant_runs_the_named_settings_or_refuses_in_one_line(exports,
     import sys
     infer = os.path.join(os.path.dirname(D.__file__), os.pardir, "infer.py")
     base = [sys.executable, infer, "--model-dir", exports["program"], "--benchmark", "--synthetic",
-            "--batch-sizes", "1", "--warmup", "1", "--repeats", "2", "--threads", "1"]
+            "--batch-sizes", "1", "--warmup", "1", "--repeats", "2", "--threads", "1", "--backend", "paddle-cpu"]
     report = tmp_path / "rows.json"
     proc = subprocess.run(base + ["--cpu-variant", "mkl-fc+memory-optim", "--report", str(report)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(report.read_text())["rows"]
     assert [r["cpu_variant"] for r in rows] == ["mkl-fc+memory-optim"] and rows[0]["latency_ms"]["mean"] > 0
-    for args, line in ((["--cpu-variant", "fast"], "error: --cpu-variant fast: choose auto, or from default, "),
+    for args, line in ((["--cpu-variant", "fast", "--backend", "paddle-cpu"],
+                        "error: --cpu-variant fast: choose auto, or from default, "),
                        (["--cpu-variant", "auto", "--backend", "onnxruntime"],
-                        "error: --cpu-variant auto: applies to --backend paddle-cpu only (not onnxruntime); drop it")):
-        proc = subprocess.run(base + args, capture_output=True, text=True, timeout=120)
+                        "error: --cpu-variant auto: applies to --backend paddle-cpu only (not onnxruntime); add "
+                        "--backend paddle-cpu or drop it")):
+        proc = subprocess.run(base[:-2] + args, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(line), proc.stderr[-2000:]
 
 

@@ -52,7 +52,8 @@ def _copy(exports, tmp_path, which="pir", keep_record=True):
 
 def _run(exports, model_dir, *extra, capsys=None):
     """deploy's command line in process; returns (exit code, stderr)."""
-    args = ["--model-dir", model_dir, "--input", exports[1], "--threads", "1", *extra]
+    backend = [] if "--backend" in extra else ["--backend", "paddle-cpu"]  # the runtime that reads these files
+    args = ["--model-dir", model_dir, "--input", exports[1], "--threads", "1", *backend, *extra]
     code = D.cli.run(args)
     return code, capsys.readouterr().err
 
@@ -166,7 +167,8 @@ def test_damaged_pdmodel_is_one_line_not_a_crash(exports, tmp_path, damage, expe
     model_dir = _copy(exports, tmp_path, "program", keep_record=False)
     program = os.path.join(model_dir, "inference.pdmodel")
     _cut(program, 0 if damage == "empty" else os.path.getsize(program) // 2)
-    proc = subprocess.run([sys.executable, INFER, "--model-dir", model_dir, "--input", exports[1], "--threads", "1"],
+    proc = subprocess.run([sys.executable, INFER, "--model-dir", model_dir, "--input", exports[1], "--threads", "1",
+                           "--backend", "paddle-cpu"],
                           capture_output=True, text=True, timeout=300)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 2 and errors and errors[-1].startswith(f"error: {program}: {expected}")

@@ -55,13 +55,13 @@ def test_onnx_candidates_are_completed_into_the_programs_outputs():
                      "nms": {"score_threshold": 0.001, "iou_threshold": 0.5, "keep_top_k": 10}}}
     feeds = {"image_scale": np.asarray([2.0, 0.5], np.float32)}
     outputs = [np.stack([boxes, boxes]), np.stack([scores, scores]), np.stack([classes, classes])]
-    done = P.complete_outputs(meta, "onnxruntime", outputs, feeds)
+    done = P.complete_outputs(meta, "onnx", outputs, feeds)
     single = P.multiclass_nms(boxes, scores, classes, 0.001, 0.5, 10)
     assert [o.shape for o in done] == [(2, 10, 4), (2, 10), (2, 10), (2,)]
     np.testing.assert_array_equal(done[0][0], single[0] * 2.0)
     np.testing.assert_array_equal(done[0][1], single[0] * 0.5)
     assert done[3].tolist() == [single[3]] * 2 and done[3].dtype == np.int32
-    assert P.complete_outputs(meta, "paddle-cpu", outputs, feeds) is outputs
+    assert P.complete_outputs(meta, "program", outputs, feeds) is outputs
 
 
 def test_onnx_completion_clips_kept_boxes_to_the_input_as_the_program_does():
@@ -79,7 +79,7 @@ def test_onnx_completion_clips_kept_boxes_to_the_input_as_the_program_does():
             "onnx": {"outputs": [{"name": "cb", "role": "candidate_boxes"}, {"name": "cs", "role": "candidate_scores"},
                                  {"name": "cc", "role": "candidate_classes"}], "nms": nms}}
     scales = np.asarray([3.0], np.float32)
-    done = P.complete_outputs(meta, "onnxruntime", [boxes[None], scores[None], classes[None]], {"image_scale": scales})
+    done = P.complete_outputs(meta, "onnx", [boxes[None], scores[None], classes[None]], {"image_scale": scales})
     pp = EfficientDetPostProcess(num_classes=4, image_size=(48, 64), iou_threshold=0.5, max_detections=20)
     kept_yxyx, kept_scores, kept_classes, count = multiclass_hard_nms(
         paddle.to_tensor(boxes[None][..., [1, 0, 3, 2]]), paddle.to_tensor(scores[None]),
@@ -91,7 +91,7 @@ def test_onnx_completion_clips_kept_boxes_to_the_input_as_the_program_does():
     np.testing.assert_allclose(done[0], expected, rtol=1e-6, atol=1e-4)
     assert done[0].min() == 0.0 and done[0][..., 0::2].max() == 64 * 3.0 and done[0][..., 1::2].max() == 48 * 3.0
     del nms["clip_to_input_hw"]
-    unclipped = P.complete_outputs(meta, "onnxruntime", [boxes[None], scores[None], classes[None]],
+    unclipped = P.complete_outputs(meta, "onnx", [boxes[None], scores[None], classes[None]],
                                    {"image_scale": scales})
     assert unclipped[0].min() < 0.0 and unclipped[3].tolist() == [n]
 

@@ -290,14 +290,15 @@ def test_cli_topk_and_benchmark_report(tmp_path):
         natural_image(w, h, seed=i).save(imgs / f"{i}.jpg")
     report = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, INFER, "--model-dir", str(tmp_path / "m"), "--input", str(imgs),
-                           "--batch-size", "2", "--threads", "1", "--topk", "2"],
+                           "--batch-size", "2", "--threads", "1", "--topk", "2", "--backend", "paddle-cpu"],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 3 and all(any(k in l for k in ("cat", "dog", "bear")) for l in lines)
     proc = subprocess.run([sys.executable, INFER, "--model-dir", str(tmp_path / "m"), "--input", str(imgs),
                            "--benchmark", "--warmup", "2", "--repeats", "5", "--batch-sizes", "1,2",
-                           "--threads", "1", "--report", str(report)], capture_output=True, text=True, timeout=180)
+                           "--threads", "1", "--backend", "paddle-cpu", "--report", str(report)], capture_output=True,
+                          text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert "img/s" in proc.stdout and "p99" in proc.stdout
     header, _, first = proc.stdout.strip().splitlines()[:3]
@@ -344,7 +345,7 @@ def test_cli_skips_unreadable_images_of_a_folder_and_predicts_the_others(tmp_pat
     for name, data in bad.items():
         (imgs / name).write_bytes(data)
     command = [sys.executable, INFER, "--model-dir", model_dir, "--input", str(imgs), "--batch-size", "4",
-               "--threads", "1", "--topk", "3"]
+               "--threads", "1", "--topk", "3", "--backend", "paddle-cpu"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("# ")]

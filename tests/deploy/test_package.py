@@ -100,7 +100,7 @@ def test_deploy_predicts_without_ppdlx_as_in_process(exported, backend):
 def test_command_line_without_ppdlx_prints_what_it_prints_in_process(exported, capsys):
     base, model_dir, paths = exported
     args = ["--model-dir", model_dir, "--input", os.path.dirname(os.path.dirname(paths[0])), "--batch-size", "4",
-            "--threads", "1", "--topk", "2"]
+            "--threads", "1", "--topk", "2", "--backend", "paddle-cpu"]
     proc = _without_ppdlx(RUN_CLI, base, INFER=INFER, ARGS=args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert D.cli.run(args) == 0
@@ -124,7 +124,7 @@ def _imported_top_names(tree):
 
 
 def test_deploy_is_a_package_of_small_modules_importing_no_ppdlx():
-    allowed = {"paddle", "numpy", "PIL", "yaml", "onnxruntime", "tensorrt", "ppdlx_deploy"}
+    allowed = {"paddle", "numpy", "PIL", "yaml", "onnxruntime", "openvino", "tensorrt", "ppdlx_deploy"}
     sources = [os.path.join(PACKAGE, f) for f in sorted(os.listdir(PACKAGE)) if f.endswith(".py")] + [INFER]
     assert len(sources) >= 8  # split by concern, not one file
     for path in sources:

@@ -386,7 +386,7 @@ def test_tensorrt_engine_count_on_a_real_pir_program(exports):
 def test_other_engines_are_named(exports):
     assert _plan(exports["pir"], "paddle-cpu", "fp32", threads=1)["engine"] == "onednn"
     openvino = _plan(exports["program"], "paddle-cpu", "fp32", threads=1, cpu_engine="openvino")
-    assert openvino["engine"] == "openvino"
+    assert openvino["engine"] == "paddle-openvino"
     assert _plan(exports["pir"], "paddle-gpu", "fp16")["engine"] == "cuda"
     assert _plan(exports["pir"], "onnxruntime", "fp32")["engine"] == "onnxruntime"
 

@@ -128,3 +128,73 @@ def test_a_checkpoint_of_another_model_is_refused_before_training(tiny_tree, tmp
     assert str(err.value) == (f"train.resume: {out}/latest is a checkpoint of model 'resnet50' (1000 classes) but this "
                               f"run builds 'resnet18_bottleneck_tiny'; set model.name=resnet50, or train into another "
                               f"global.output_dir (or train.resume=never to replace it)")
+
+
+def test_resume_never_through_a_link_to_another_run_is_refused_naming_the_real_folder(tiny_tree, tmp_path):
+    # Before: the other run's checkpoints were removed while the log named only the link.
+    other = tmp_path / "other_run"
+    tiny_checkpoint(other / "latest")
+    (tmp_path / "runs").mkdir()
+    link = tmp_path / "runs" / "mine"
+    os.symlink(other, link)
+    from ppdlx.engine.run_dir import prepare_output_dir, release_output_dir
+    for out in (link, link / "."):  # the link itself, or a path through it
+        cfg = load_config(None, tiny_overrides(tiny_tree, out, "train.resume=never"))
+        with pytest.raises(ConfigError) as err:
+            prepare_output_dir(cfg, rank=0)
+        assert str(err.value) == (f"global.output_dir={out} leads through a symbolic link to {other}, which holds "
+                                  f"checkpoints (latest); train.resume=never would remove them: to start over there, "
+                                  f"pass global.output_dir={other}, or choose another global.output_dir")
+    assert sorted(os.listdir(other)) == ["latest"] and os.path.isfile(other / "latest" / "manifest.json")
+    # through the link without checkpoints behind it, or named by its real path, a fresh start goes ahead
+    cfg = load_config(None, tiny_overrides(tiny_tree, other, "train.resume=never"))
+    assert prepare_output_dir(cfg, rank=0) is None
+    release_output_dir(str(other))
+    assert not os.path.lexists(other / "latest")
+    cfg = load_config(None, tiny_overrides(tiny_tree, link, "train.resume=never"))
+    assert prepare_output_dir(cfg, rank=0) is None
+    release_output_dir(str(link))
+
+
+@pytest.mark.parametrize("inside", ["train", "train/run", "", "elsewhere/../val/x"])
+def test_an_output_dir_inside_the_data_is_refused_before_anything_is_created(tiny_tree, tmp_path, inside):
+    # Before: the run created its folder among the class folders, then blamed the data ("1 class without images"),
+    # and so did every later run on that data.
+    root = tmp_path / "tree"
+    import shutil
+    shutil.copytree(tiny_tree, root)
+    before = sorted(os.listdir(root / "train"))
+    out = os.path.join(str(root), inside) if inside else str(root)
+    code, _, stderr = finish(start(str(root), out))
+    assert code == 2, stderr[-2000:]
+    assert last_line(stderr) == (f"error: global.output_dir={out} is inside data.root={root}: what a run writes there "
+                                 f"would mix with the data (in an image-folder split, its folder would become a "
+                                 f"class); choose a global.output_dir outside data.root")
+    assert sorted(os.listdir(root / "train")) == before and not os.path.exists(os.path.join(str(root), "elsewhere"))
+
+
+def test_resuming_at_another_global_batch_says_what_changes(tiny_tree, tmp_path):
+    # Before: only the usual plan line; the global batch and the peak learning rate changed silently.
+    out = tmp_path / "run"
+    code, _, stderr = finish(start(tiny_tree, out, "lr.scale_with_batch=true", "lr.base_batch=8", "train.epochs=1"))
+    assert code == 0, stderr[-2000:]
+    code, stdout, stderr = finish(start(tiny_tree, out, "lr.scale_with_batch=true", "lr.base_batch=8",
+                                        "train.resume=auto", "data.batch_size=4"))
+    assert code == 0, stderr[-2000:]
+    lines = [line for line in (stdout + stderr).splitlines() if "was trained with global batch" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        f"{out}/latest was trained with global batch 8 (8 x 1 rank x 1 accumulate), peak lr 0.1; this run uses global "
+        f"batch 4 (4 x 1 rank x 1 accumulate), peak lr 0.05: the learning rate schedule goes on at 0.5x the "
+        f"checkpoint's, and the schedule continues from the same fraction of the training (its step count is carried "
+        f"over); resume with the checkpoint's data.batch_size / train.accumulate / ranks to keep its recipe"), lines
+
+
+def test_the_global_batch_line_says_nothing_for_the_same_recipe_or_an_older_checkpoint():
+    from ppdlx.optim import batch_change_line
+    now = {"batch_size": 4, "ranks": 2, "accumulate": 2, "global": 16, "peak_lr": 0.016}
+    assert batch_change_line(dict(now), now, "ckpt") is None
+    assert batch_change_line(None, now, "ckpt") is None  # a checkpoint written before the record: nothing to compare
+    unscaled = batch_change_line(dict(now, ranks=1, **{"global": 8}), dict(now), "ckpt")
+    assert unscaled.startswith("ckpt was trained with global batch 8 (4 x 1 rank x 2 accumulate), peak lr 0.016; this "
+                               "run uses global batch 16 (4 x 2 ranks x 2 accumulate), peak lr 0.016: the learning "
+                               "rate schedule is unchanged (lr.scale_with_batch=false), and the schedule continues")

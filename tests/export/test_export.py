@@ -395,7 +395,7 @@ def test_export_tools_ask_for_weights_and_a_random_export_says_so_in_deploy(tmp_
     image = tmp_path / "one.png"
     Image.new("RGB", (40, 36), (200, 30, 60)).save(image)
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "deploy", "python", "infer.py"), "--model-dir", str(out),
-                           "--input", str(image)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                           "--input", str(image), "--backend", "paddle-cpu"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert ("# inference.yml: exported without model.weights (randomly initialised weights): the predictions mean "
             "nothing; re-export with -o model.weights=<checkpoint prefix>") in proc.stderr.splitlines()

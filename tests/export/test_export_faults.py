@@ -99,3 +99,27 @@ def test_verify_of_a_damaged_export_names_the_file(exported, tmp_path):
     assert str(err.value) == (f"--verify: {damaged}/inference.pdiparams: {record['bytes'] // 2} bytes, but the export "
                               f"wrote {record['bytes']} (truncated or replaced since); re-export the model with "
                               f"tools/export_model.py (tools/quantize.py for an int8 export)")
+
+
+def _ended_pid():
+    """The id of a process that has ended."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_the_staging_folder_of_a_killed_export_is_removed_by_the_next_export(tmp_path):
+    # Before: a killed export left its hidden .export-staging-* folder (a whole export's size) and the next export
+    # into the folder left it there.
+    prefix = _weights(tmp_path, "weights")
+    model_dir = tmp_path / "export"
+    killed, running, nameless = (model_dir / f".export-staging-{_ended_pid()}-k1ll3d",
+                                 model_dir / f".export-staging-{os.getpid()}-busy", model_dir / ".export-staging-q9x")
+    for folder in (killed, running, nameless):
+        folder.mkdir(parents=True)
+        (folder / "inference.pdiparams").write_bytes(b"\0" * 1024)
+    export_model(load_config(None, TINY + [f"model.weights={prefix}"]), output_dir=str(model_dir),
+                 check_batch_sizes=(1,))
+    hidden = sorted(n for n in os.listdir(model_dir) if n.startswith("."))
+    assert hidden == sorted([running.name, nameless.name])  # a live export's and an unattributable one are kept
+    assert os.path.isfile(model_dir / "inference.yml")

@@ -10,6 +10,7 @@ multiclass_nms3 conversion gives wrong shapes in onnxruntime), the deploy packag
 * the detector overfit on the paddlelabel fruit photos passes ``--verify`` on both backends, and its
   export carries the BatchNorm statistics the evaluator re-estimates (``detection.precise_bn_batches``).
 """
+import importlib.util
 import os
 import re
 import shutil
@@ -31,7 +32,10 @@ from ppdlx.engine.tasks import task_of
 from ppdlx.export import export_model
 
 # the cases a failed --verify names: bf16, run on a CPU with bf16 hardware, is advisory (a warning line)
-RAN = "paddle-cpu fp32, onnxruntime fp32"
+# OpenVINO reads the same ONNX file as onnxruntime, where it is installed
+OPENVINO = importlib.util.find_spec("openvino") is not None
+FP32_BACKENDS = {"paddle-cpu", "onnxruntime"} | ({"openvino"} if OPENVINO else set())
+RAN = "paddle-cpu fp32, onnxruntime fp32" + (", openvino fp32" if OPENVINO else "")
 BF16_RUNS = has_bf16(cpu_features())
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "demo", "efficientdet_demo.yaml")
@@ -136,7 +140,7 @@ def test_trained_detector_passes_verify_on_paddle_and_onnxruntime(verified):
     assert record["passed"] is True and record["images"] == 32
     reference = record["reference"]
     ran = {c["backend"]: c for c in record["cases"] if not c.get("skipped") and c["precision"] == "fp32"}
-    assert set(ran) == {"paddle-cpu", "onnxruntime"}
+    assert set(ran) == FP32_BACKENDS
     for case in ran.values():
         assert abs(case["AP"] - reference["AP"]) <= 0.005 and abs(case["AP50"] - reference["AP50"]) <= 0.005
         assert case["agreement"] >= 0.995 and case["numerics_agreement"] >= 0.995
@@ -184,7 +188,7 @@ def test_fruit_detector_passes_verify_on_paddle_and_onnxruntime(fruit_run, tmp_p
     assert record["images"] == 4 and record["reference"]["AP50"] >= 0.8
     ran = {(c["backend"], c["precision"]): c for c in record["cases"] if not c.get("skipped")}
     fp32 = {k: c for k, c in ran.items() if k[1] == "fp32"}
-    assert set(fp32) == {("paddle-cpu", "fp32"), ("onnxruntime", "fp32")} and all(c["passed"] for c in fp32.values())
+    assert set(fp32) == {(b, "fp32") for b in FP32_BACKENDS} and all(c["passed"] for c in fp32.values())
     assert all(abs(c["AP"] - record["reference"]["AP"]) <= 0.005 and c["agreement"] == 1.0 for c in fp32.values())
     # bf16 (CPUs with bf16 hardware) is advisory: on 4 images one changed box can cost ~5 AP points, more
     # than the 1-point gate; the fp32 export still passes, and the miss is a warning naming bf16

@@ -2,6 +2,7 @@
 data, ImageNet mean/std): the export predicts like ppdlx's evaluator on paddle-cpu fp32 and
 onnxruntime, the figures land in inference.yml and the report, and a wrong pre-processing or label
 order in inference.yml fails with exit code 1 and one line naming the cause."""
+import importlib.util
 import json
 import os
 import shutil
@@ -15,8 +16,11 @@ from ppdlx.cpu_features import cpu_features, has_bf16
 
 from tests.conftest import make_digits_tree
 
-# the cases a failed --verify names: bf16, run on a CPU with bf16 hardware, is advisory (a warning line)
-RAN = "paddle-cpu fp32, onnxruntime fp32"
+# the cases a failed --verify names: bf16, run on a CPU with bf16 hardware, is advisory (a warning line);
+# OpenVINO reads the same ONNX file as onnxruntime, where it is installed
+OPENVINO = importlib.util.find_spec("openvino") is not None
+ONNX_RUNTIMES = "onnxruntime fp32" + (", openvino fp32" if OPENVINO else "")
+RAN = f"paddle-cpu fp32, {ONNX_RUNTIMES}"
 BF16_RUNS = has_bf16(cpu_features())
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "demo", "rn50_demo.yaml")
@@ -66,7 +70,8 @@ def test_verify_passes_for_paddle_cpu_and_onnxruntime(verified):
     reference = record["reference"]
     assert 0.5 <= reference["top1"] < 1.0          # a real, imperfect classifier
     ran = {(c["backend"], c["precision"]): c for c in record["cases"] if not c.get("skipped")}
-    assert set(ran) >= {("paddle-cpu", "fp32"), ("onnxruntime", "fp32")}
+    expected = {("paddle-cpu", "fp32"), ("onnxruntime", "fp32")} | ({("openvino", "fp32")} if OPENVINO else set())
+    assert set(ran) >= expected
     for (_, precision), case in ran.items():
         assert case["passed"] is True
         if precision == "fp32":
@@ -144,7 +149,7 @@ def test_permuted_labels_fail_as_labels(verified, trained, tmp_path):
 
 def test_numerics_are_told_from_pre_processing(verified, trained, tmp_path):
     """Same inference.yml, but the ONNX file's classifier bias shifted for one class: the inputs are
-    the same as ppdlx's, so the cause is numerics, on onnxruntime only."""
+    the same as ppdlx's, so the cause is numerics, on the runtimes of that file only (onnxruntime, OpenVINO)."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
@@ -161,8 +166,8 @@ def test_numerics_are_told_from_pre_processing(verified, trained, tmp_path):
     proc = _verify_only(trained, broken)
     assert proc.returncode == 1
     line = _error_line(proc)
-    assert line.startswith("error: --verify failed (onnxruntime fp32): numerics: on the same inputs onnxruntime fp32 "
-                           "agrees with the trained model on "), line
+    assert line.startswith(f"error: --verify failed ({ONNX_RUNTIMES}): numerics: on the same inputs onnxruntime "
+                           "fp32 agrees with the trained model on "), line
     assert "verify: paddle-cpu fp32 (onednn):" in proc.stdout and "-> PASS" in proc.stdout
 
 

@@ -69,8 +69,23 @@ def test_the_battery_covers_issue_15_with_at_least_40_cases():
         assert required in names
 
 
+def test_the_battery_covers_issue_41():
+    names = [case.name for case in all_cases()]
+    for required in ("coco_file_name_outside_image_folder", "coco_file_name_outside_error",
+                     "check_data_coco_file_name_outside", "coco_duplicate_annotation_ids_val",
+                     "check_data_coco_area_not_a_number", "infer_classifier_huge_png", "infer_detector_huge_png",
+                     "quantize_huge_png_calib_image", "deploy_huge_png", "check_data_huge_png_paddle",
+                     "train_huge_png_paddle_workers0", "train_huge_png_paddle_workers1", "train_huge_png_dali",
+                     "output_dir_link_to_another_run_resume_never", "output_dir_inside_data_root",
+                     "export_after_a_killed_export", "plot_empty_metrics", "plot_binary_metrics",
+                     "convert_truncated_torch_zip", "home_is_a_file"):
+        assert required in names
+
+
 # Cheap real cases (no training fixture): what they check is settled behaviour, so their verdicts are fixed.
-REAL = ["override_unknown_key", "config_file_missing", "missing_data_root", "convert_truncated_safetensors"]
+# The last three (issue 41) were a traceback each before.
+REAL = ["override_unknown_key", "config_file_missing", "missing_data_root", "convert_truncated_safetensors",
+        "plot_binary_metrics", "convert_truncated_torch_zip", "home_is_a_file"]
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +104,15 @@ def test_real_cases_keep_their_verdicts(real_outcomes):
                                                        "'train.epochs'?")
     assert by_name["convert_truncated_safetensors"].message.endswith(
         "model.safetensors: file ends inside tensor 'fc.weight' (truncated download?)")
+    assert by_name["plot_binary_metrics"].message.endswith("/run/metrics.jsonl: no metrics record in it (64 bytes, "
+                                                           "binary, no line a JSON object with a 'step'); give a run "
+                                                           "directory whose training logged a step")
+    assert by_name["convert_truncated_torch_zip"].message.endswith(
+        "model.pth: a zip archive (PyTorch's checkpoint format) without its end, the zip's central directory: the "
+        "file is cut short (an interrupted download or copy?); fetch or copy it again")
+    assert by_name["home_is_a_file"].message.endswith(
+        "/home is a file, not a directory; Paddle (imported by every tool) and ppdlx keep their caches in "
+        "$HOME/.cache: set HOME to a writable directory")
 
 
 def test_the_report_has_a_row_per_case_and_the_counts(real_outcomes, tmp_path):

@@ -141,3 +141,17 @@ def test_a_count_out_of_range_is_one_line_at_argument_parsing(tool, option, valu
     proc = run_tool(tool, *TOOLS[tool], option, value)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == f"error: {option} {value}: must be {minimum} or more"
+
+
+@pytest.mark.parametrize("tool, args", [("train.py", ["-c", CONFIG]), ("plot.py", [NEVER])])
+def test_home_that_is_a_file_is_one_line(tmp_path, tool, args):
+    # Before: 'import paddle' creates ~/.cache/paddle/dataset and every tool died in the import with a
+    # NotADirectoryError traceback.
+    home = tmp_path / "home"
+    home.write_text("a file, not a directory\n")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", tool), *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env=dict(os.environ, HOME=str(home)))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: HOME={home} is a file, not a directory; Paddle (imported by every tool) and ppdlx keep their caches "
+        f"in $HOME/.cache: set HOME to a writable directory")

@@ -94,6 +94,10 @@ def test_missing_leftover_and_misshaped_tensors_fail_in_one_line(tmp_path):
         "missing": ({k: v for k, v in base.items() if k != "layer2.0.bn2.running_var"},
                     "1 ppdlx parameter(s) of 'resnet18_bottleneck_tiny' get no tensor from the file, "
                     "e.g. 'stages.1.0.conv2.bn._variance' [32]"),
+        # before: KeyError 'fc.bias' (a traceback)
+        "no_fc_bias": ({k: v for k, v in base.items() if k != "fc.bias"},
+                       "the file holds the classifier's 'fc.weight' but nothing for ppdlx 'fc.bias' (entry "
+                       "'<top level>'): a classifier cannot be half converted: convert a complete state_dict"),
         "shape": ({**base, "layer3.0.conv2.weight": np.zeros((64, 64, 1, 1), np.float32)},
                   "tensor 'layer3.0.conv2.weight' has shape [64, 64, 1, 1] but ppdlx 'stages.2.0.conv2.conv.weight' "
                   "needs [64, 64, 3, 3]"),

@@ -188,6 +188,15 @@ def test_damaged_and_foreign_files_fail_in_one_line(tmp_path):
     truncated.write_bytes(good.read_bytes()[:-100])
     with pytest.raises(WeightsError, match=r"truncated\.pth: file ends inside storage '0' \(truncated download\?\)"):
         read_checkpoint(str(truncated))
+    zipped = tmp_path / "zipped.pth"
+    save_torch_zip({"w": np.ones((64, 64), np.float32)}, str(zipped))
+    cut = tmp_path / "cut.pth"
+    cut.write_bytes(zipped.read_bytes()[: zipped.stat().st_size // 2])
+    with pytest.raises(WeightsError) as err:  # before: "not a PyTorch, safetensors or Paddle pickle checkpoint"
+        read_checkpoint(str(cut))
+    assert str(err.value) == (f"{cut}: a zip archive (PyTorch's checkpoint format) without its end, the zip's central "
+                              f"directory: the file is cut short (an interrupted download or copy?); fetch or copy it "
+                              f"again")
     text = tmp_path / "notes.txt"
     text.write_text("hello")
     with pytest.raises(WeightsError, match=r"notes\.txt: not a PyTorch, safetensors or Paddle pickle checkpoint"):

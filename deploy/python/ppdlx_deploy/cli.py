@@ -1,8 +1,8 @@
-"""Run an exported ppdlx model WITHOUT ppdlx (needs paddle, numpy, Pillow, PyYAML;
-onnxruntime for --backend onnxruntime).
+"""Run an exported ppdlx model WITHOUT ppdlx (needs numpy, Pillow, PyYAML and a runtime: paddle,
+onnxruntime or openvino).
 
     python deploy/python/infer.py --model-dir DIR --input IMG_OR_DIR \
-        [--backend paddle-cpu|paddle-gpu|trt|onnxruntime] [--precision fp32|fp16|bf16|int8] \
+        [--backend auto|paddle-cpu|paddle-gpu|trt|onnxruntime|openvino] [--precision fp32|fp16|bf16|int8|auto] \
         [--batch-size N] [--threads N] [--topk K]
     python deploy/python/infer.py --model-dir DIR --input DIR --benchmark \
         --warmup 10 --repeats 100 --batch-sizes 1,8 [--report FILE]
@@ -12,13 +12,16 @@ DIR is what tools/export_model.py wrote: inference.{json|pdmodel} + inference.pd
 An unreadable image of an --input folder is skipped with one line on stderr and the others are
 predicted; the run then exits 2 with a last line counting the skipped images.
 
-Backends: paddle-cpu (oneDNN, fp32 / bf16 on CPUs with avx512_bf16 or amx_bf16 / int8 for
-quantised models), paddle-gpu (CUDA, fp32 / fp16), trt (fp32 / fp16 / int8, engine cache, dynamic
-shape from inference.yml or collected on sample inputs; a legacy .pdmodel goes through the Paddle-TRT
-subgraph engine, a PIR .json through paddle.tensorrt: see ppdlx_deploy/trt.py), onnxruntime (CPU,
-fp32). Every plan, printed note and benchmark row names the engine that runs the network. A Paddle
-build without CUDA asked for paddle-gpu or trt, or a trt request that would not engage TensorRT,
-exits with one line (code 3).
+Backends: auto (the default: the fastest of the CPU runtimes below on this machine whose outputs agree
+with the export's, measured once per machine, export, threads and batch size, each in its own process,
+and cached; the first note says which and why), paddle-cpu (oneDNN, fp32 / bf16 on CPUs with
+avx512_bf16 or amx_bf16 / int8 for quantised models), paddle-gpu (CUDA, fp32 / fp16), trt (fp32 / fp16
+/ int8, engine cache, dynamic shape from inference.yml or collected on sample inputs; a legacy .pdmodel
+goes through the Paddle-TRT subgraph engine, a PIR .json through paddle.tensorrt: see
+ppdlx_deploy/trt.py), onnxruntime (CPU, fp32), openvino (CPU, fp32 / bf16; reads inference.onnx, or a
+legacy inference.pdmodel). Every plan, printed note and benchmark row names the engine that runs the
+network. A Paddle build without CUDA asked for paddle-gpu or trt, or a trt request that would not engage
+TensorRT, exits with one line (code 3).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import json
 import os
 import sys
 
+from .backends import create_predictor
 from .benchmark import benchmark, format_rows
 from .calibration import calibrate_trt
 from .errors import DeployError
@@ -34,7 +38,6 @@ from .meta import load_meta, model_files
 from .pipeline import Pipeline
 from .plan import BACKENDS, CPU_VARIANTS, PRECISIONS, build_plan, check_backend_available, cpu_variant_options
 from .postprocess import draw_detections, postprocess
-from .predictors import create_predictor
 from .preprocess import Preprocessor, list_images
 from .trt import collection_batch_sizes, largest_trt_batch, trt_calibration_tables
 
@@ -43,12 +46,15 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", required=True)
     p.add_argument("--input", help="an image or a directory of images")
-    p.add_argument("--backend", choices=BACKENDS, default="paddle-cpu")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="auto (default): the fastest CPU runtime here whose outputs agree with the export's, "
+                        "measured once per machine, export, threads and batch size, and cached; the first note "
+                        "says which and why")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--threads", type=int, help="CPU threads (default: the cores this process may use)")
     p.add_argument("--topk", type=int, default=5)
-    p.add_argument("--cpu-engine", choices=("onednn", "openvino"), default="onednn",
+    p.add_argument("--cpu-engine", choices=("onednn", "openvino"),
                    help="paddle-cpu: oneDNN kernels, or Paddle Inference's OpenVINO engine (--format program exports)")
     p.add_argument("--cpu-variant", metavar="VARIANT",
                    help=f"paddle-cpu: Paddle Inference settings by name ({', '.join(CPU_VARIANTS)}; several joined "
@@ -94,10 +100,13 @@ def check_numbers(args) -> None:
             sizes = []
         if not sizes or min(sizes) < 1:
             raise DeployError(f"--batch-sizes {args.batch_sizes}: give positive integers, e.g. 1,8")
+    if args.cpu_engine is not None and args.backend != "paddle-cpu":
+        raise DeployError(f"--cpu-engine {args.cpu_engine}: applies to --backend paddle-cpu only (not "
+                          f"{args.backend}); add --backend paddle-cpu or drop it")
     if args.cpu_variant is not None:
         if args.backend != "paddle-cpu":
             raise DeployError(f"--cpu-variant {args.cpu_variant}: applies to --backend paddle-cpu only "
-                              f"(not {args.backend}); drop it")
+                              f"(not {args.backend}); add --backend paddle-cpu or drop it")
         if args.cpu_variant != "auto":
             try:
                 cpu_variant_options(args.cpu_variant)
@@ -137,7 +146,7 @@ def check_trt_batch_sizes(args, meta: dict) -> None:
 
 def plan_options(args) -> dict:
     """The predictor options given on the command line (everything but backend and precision)."""
-    return dict(threads=args.threads, batch_size=args.batch_size, cpu_engine=args.cpu_engine,
+    return dict(threads=args.threads, batch_size=args.batch_size, cpu_engine=args.cpu_engine or "onednn",
                 cpu_variant=args.cpu_variant, gpu_id=args.gpu_id,
                 gpu_mem_mb=args.gpu_mem_mb, cache_dir=args.trt_cache_dir, shape_source=args.trt_shapes,
                 trt_max_batch=args.trt_max_batch, workspace_bytes=args.trt_workspace_bytes)
@@ -194,8 +203,11 @@ def main(argv=None) -> int:
                                   f"(no calibration table in {plan['cache_dir']})")
             calibrate_trt(args.model_dir, meta, plan, args.calib_dir, args.batch_size, args.calib_batches,
                           sample_feeds)
+    options = plan_options(args)
+    if args.backend in ("auto", "paddle-cpu"):
+        options["progress"] = lambda line: print(f"# {line}", file=sys.stderr, flush=True)
     predictor = create_predictor(args.model_dir, args.backend, args.precision, meta=meta, sample_feeds=sample_feeds,
-                                 **plan_options(args))
+                                 **options)
     for note in predictor.plan["notes"]:
         print(f"# {note}", file=sys.stderr)
     if meta["model"].get("random_weights"):
@@ -206,7 +218,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
     if args.benchmark:
         sizes = [int(b) for b in (args.batch_sizes or str(args.batch_size)).split(",") if b]
-        case = f"{args.backend}-{args.precision}"
+        case = f"{predictor.plan['backend']}-{predictor.plan['precision']}"
         rows = benchmark({case: predictor}, meta, paths, sizes, args.warmup, args.repeats, args.synthetic)
         print(format_rows(rows))
         if args.report:

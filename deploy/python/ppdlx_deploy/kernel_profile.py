@@ -15,7 +15,10 @@ import sys
 import tempfile
 from typing import Dict, Iterable, List, Sequence, Tuple
 
+from .backends import create_predictor
 from .errors import DeployError
+from .predictors import OnnxPredictor
+from .timing import synthetic_feeds, time_networks
 
 ONEDNN_VERBOSE_ENV = {"ONEDNN_VERBOSE": "1"}
 ONEDNN_EXEC_PREFIX = "onednn_verbose,v1,primitive,exec,"
@@ -97,8 +100,6 @@ def profile_worker_spec(spec: dict) -> dict:
     """In a worker process: per batch size, ``warmup`` untimed runs, then ``steps`` profiled runs
     split by :func:`split_time`. paddle-cpu needs the worker started with
     :data:`ONEDNN_VERBOSE_ENV` (oneDNN reads it once, when it loads)."""
-    from .benchmark import synthetic_feeds, time_networks
-    from .predictors import OnnxPredictor, create_predictor
     backend, steps, warmup = spec["backend"], int(spec["steps"]), int(spec["warmup"])
     if backend not in ("paddle-cpu", "onnxruntime"):
         raise DeployError(f"kernel profile: backend {backend} is not profiled (paddle-cpu and onnxruntime are)")

@@ -39,11 +39,11 @@ def load_meta(model_dir: str) -> dict:
     return meta
 
 
-def graph_roles(meta: dict, backend: str) -> list:
-    """The output roles of the graph ``backend`` runs: the Paddle program's (``outputs``), or for
-    onnxruntime those of the ONNX graph when ``inference.yml`` describes it apart (``onnx.outputs``:
-    a detection ONNX graph ends before NMS)."""
-    if backend == "onnxruntime" and (meta.get("onnx") or {}).get("outputs"):
+def graph_roles(meta: dict, graph: str) -> list:
+    """The output roles of the graph a predictor runs (its ``plan["graph"]``): the Paddle program's
+    (``outputs``), or for ``"onnx"`` those of the ONNX graph when ``inference.yml`` describes it apart
+    (``onnx.outputs``: a detection ONNX graph ends before NMS)."""
+    if graph == "onnx" and (meta.get("onnx") or {}).get("outputs"):
         return [o["role"] for o in meta["onnx"]["outputs"]]
     return [o["role"] for o in meta["outputs"]]
 

@@ -13,7 +13,7 @@ from PIL import Image
 from .errors import DeployError
 from .meta import load_meta
 from .postprocess import clip_to_images, complete_outputs, postprocess
-from .predictors import create_predictor
+from .backends import create_predictor
 from .preprocess import Preprocessor, load_image, readable_batches
 
 
@@ -23,18 +23,20 @@ class Pipeline:
         self.predictor = predictor
         self.preprocessor = preprocessor or Preprocessor(meta)
         self.backend = predictor.plan["backend"]
+        self.graph = predictor.plan.get("graph", "program")
 
     @classmethod
-    def open(cls, model_dir: str, backend: str = "paddle-cpu", precision: str = "fp32",
+    def open(cls, model_dir: str, backend: str = "auto", precision: str = "fp32",
              meta: Optional[dict] = None, **options) -> "Pipeline":
-        """``options``: those of :func:`ppdlx_deploy.predictors.create_predictor`."""
+        """``options``: those of :func:`ppdlx_deploy.backends.create_predictor` (``backend="auto"``: the
+        fastest CPU runtime here whose outputs agree with the export's, measured once and cached)."""
         meta = meta or load_meta(model_dir)
         return cls(meta, create_predictor(model_dir, backend, precision, meta=meta, **options))
 
     def run_feeds(self, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
         """The outputs ``inference.yml`` lists, whichever graph the backend runs (a detection ONNX
         graph's NMS is completed here)."""
-        return complete_outputs(self.meta, self.backend, self.predictor.run(feeds), feeds)
+        return complete_outputs(self.meta, self.graph, self.predictor.run(feeds), feeds)
 
     def run(self, images: Sequence[Image.Image]) -> List[np.ndarray]:
         """The network's outputs for a batch of RGB images (detection boxes within each image)."""

@@ -3,16 +3,21 @@ this machine and build, and the ``paddle.inference.Config`` calls that select it
 :func:`ppdlx_deploy.config_calls.apply_plan`). Every refusal is one line naming the fix."""
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Optional
 
-from . import cpu
+from .cpu import cpu_features, has_bf16, has_vnni
 from .config_calls import plan_call
 from .errors import DeployError, UnsupportedError
 from .meta import is_quantized, onnx_precision
 from .trt import trt_plan
 
-BACKENDS = ("paddle-cpu", "paddle-gpu", "trt", "onnxruntime")
+# "auto" (the command line's default): the fastest CPU runtime on this machine whose outputs agree with
+# the export's, measured once and cached (ppdlx_deploy.tuning); built plans always name a concrete backend.
+BACKENDS = ("auto", "paddle-cpu", "paddle-gpu", "trt", "onnxruntime", "openvino")
+# What --backend auto chooses among, when installed and the export has their files.
+CPU_RUNTIMES = ("paddle-cpu", "onnxruntime", "openvino")
 # "auto" (paddle-cpu): fp32, or bf16 where the CPU has bf16 hardware AND it measured faster
 # here (ppdlx_deploy.tuning); built plans always carry a concrete precision.
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "auto")
@@ -54,11 +59,11 @@ def cpu_variants_for(fmt: str, precision: str) -> list:
 
 def cpu_flags() -> set:
     """The flags of :data:`ppdlx_deploy.cpu.FLAGS_THAT_MATTER` this CPU has."""
-    return set(cpu.cpu_features()["flags"])
+    return set(cpu_features()["flags"])
 
 
 def cpu_has_bf16(flags: Optional[set] = None) -> bool:
-    return cpu.has_bf16({"flags": cpu_flags() if flags is None else flags})
+    return has_bf16({"flags": cpu_flags() if flags is None else flags})
 
 
 def default_threads() -> int:
@@ -103,6 +108,9 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
         raise DeployError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
     if precision not in PRECISIONS:
         raise DeployError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
+    if backend == "auto":
+        raise UnsupportedError("--backend auto is resolved by create_predictor (it measures); build_plan needs a "
+                               "backend")
     if precision == "auto":
         raise UnsupportedError(f"--backend {backend} --precision auto: auto is offered for paddle-cpu only, "
                                f"where the predictor measures fp32 against bf16; name a precision"
@@ -116,7 +124,7 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
     plan = {"backend": backend, "precision": precision, "threads": threads, "calls": calls, "collect_calls": None,
             "notes": notes, "shape_file": shape_file, "model_file": files["model_file"],
             "params_file": files["params_file"], "pir_trt": None, "calibration": False,
-            "tuned_cpu": tuned_cpu, "cpu_variant": cpu_variant or "default"}
+            "tuned_cpu": tuned_cpu, "cpu_variant": cpu_variant or "default", "graph": "program"}
 
     if backend == "paddle-cpu":
         if precision == "fp16":
@@ -151,7 +159,7 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
             int8_ops = (meta.get("quantization") or {}).get("onednn_int8_ops")
             calls.append(plan_call("enable_onednn_int8", sorted(int8_ops)) if int8_ops
                          else plan_call("enable_onednn_int8"))
-            if not cpu.has_vnni({"flags": cpu_flags() if cpu_flag_set is None else cpu_flag_set}):
+            if not has_vnni({"flags": cpu_flags() if cpu_flag_set is None else cpu_flag_set}):
                 notes.append("int8: this CPU has no VNNI (avx512_vnni/avx_vnni/amx_int8), so oneDNN's int8 "
                              "kernels gain little over fp32 here; compare with --precision fp32")
         if files["format"] == "program" and tuned_cpu:
@@ -173,7 +181,7 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
             # ./__cache__ of the working directory unless set.
             calls.append(plan_call("set_optim_cache_dir", cache_dir or os.path.join(
                 os.path.dirname(os.path.abspath(files["model_file"])), "_openvino_cache")))
-        plan["engine"] = "openvino" if cpu_engine == "openvino" else "onednn"
+        plan["engine"] = "paddle-openvino" if cpu_engine == "openvino" else "onednn"
         engine = "OpenVINO (Paddle Inference engine)" if cpu_engine == "openvino" else "oneDNN"
         kind = "PIR program (.json)" if files["format"] == "pir" else "legacy program (.pdmodel)"
         notes.append(f"engine {plan['engine']}: {engine}, {threads} thread(s), IR optimisation on, {kind}"
@@ -211,14 +219,30 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
         if precision != onnx_precision(meta):
             raise UnsupportedError(f"--backend onnxruntime --precision {precision}: this export's ONNX file is "
                                    f"{onnx_precision(meta)} (onnxruntime runs it as written)")
-        plan["engine"] = "onnxruntime"
+        plan.update(engine="onnxruntime", graph="onnx")
         notes.append(f"onnxruntime CPUExecutionProvider, {threads} intra-op thread(s)")
+    elif backend == "openvino":
+        if precision not in ("fp32", "bf16"):
+            raise UnsupportedError(f"--backend openvino --precision {precision}: choose fp32, or bf16 on a CPU with "
+                                   f"avx512_bf16/amx_bf16")
+        plan["engine"] = "openvino"
+        notes.append(f"OpenVINO CPU plugin, {threads} thread(s)")
     return plan
+
+
+def runtime_installed(backend: str) -> bool:
+    """Whether the package that runs ``backend`` on CPU can be imported here (found, not imported:
+    a runtime's libraries and threads load only in the process that runs it)."""
+    package = {"paddle-cpu": "paddle", "onnxruntime": "onnxruntime", "openvino": "openvino"}[backend]
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a finder that refuses the name: absent all the same
+        return False
 
 
 def check_backend_available(backend: str) -> None:
     if backend in ("paddle-gpu", "trt"):
-        import paddle
+        import paddle  # loaded only for the backends that run it: onnxruntime/OpenVINO deployments do without
         if not paddle.is_compiled_with_cuda():
             raise UnsupportedError(f"--backend {backend}: this Paddle {paddle.__version__} build has no CUDA "
                                    f"(CPU-only); install paddlepaddle-gpu (with TensorRT for trt) on the GPU host, "
@@ -227,8 +251,5 @@ def check_backend_available(backend: str) -> None:
             from paddle.inference import get_trt_compile_version
             if tuple(get_trt_compile_version()) == (0, 0, 0):
                 raise UnsupportedError("--backend trt: this Paddle build was compiled without TensorRT")
-    if backend == "onnxruntime":
-        try:
-            import onnxruntime  # noqa: F401
-        except ImportError:
-            raise UnsupportedError("--backend onnxruntime: pip install onnxruntime") from None
+    if backend in ("onnxruntime", "openvino") and not runtime_installed(backend):
+        raise UnsupportedError(f"--backend {backend}: pip install {backend}")

@@ -90,13 +90,14 @@ def multiclass_nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, s
     return out_boxes, out_scores, out_classes, len(selected)
 
 
-def complete_outputs(meta: dict, backend: str, outputs: List[np.ndarray],
+def complete_outputs(meta: dict, graph: str, outputs: List[np.ndarray],
                      feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
-    """The outputs of ``meta["outputs"]`` for every backend: a detection ONNX graph's candidates
+    """The outputs of ``meta["outputs"]`` whichever ``graph`` ran (``"onnx"`` or ``"program"``, a
+    predictor's ``plan["graph"]``): a detection ONNX graph's candidates
     (input pixels) go through :func:`multiclass_nms`, are clipped to the input (``clip_to_input_hw``,
     written by exports whose program clips) and scaled to original pixels by the ``image_scale``
     feed, as the Paddle program does inside the graph."""
-    roles = graph_roles(meta, backend)
+    roles = graph_roles(meta, graph)
     if tuple(roles) != CANDIDATE_ROLES:
         return outputs
     nms = meta["onnx"]["nms"]

@@ -1,7 +1,10 @@
 """Predictors with one interface, ``run(feeds) -> [outputs]`` (host arrays in, host arrays out:
-the copies are part of the timed network call) and ``plan`` (what runs, with notes):
-Paddle Inference for paddle-cpu (oneDNN / OpenVINO), paddle-gpu and trt (the Paddle-TRT routes of
-:mod:`ppdlx_deploy.trt`), and onnxruntime on CPU."""
+the copies are part of the timed network call) and ``plan`` (what runs, with notes; ``plan["graph"]``
+says whether the Paddle program or the ONNX graph ran): Paddle Inference for paddle-cpu (oneDNN /
+Paddle's OpenVINO engine), paddle-gpu and trt (the Paddle-TRT routes of :mod:`ppdlx_deploy.trt`), and
+onnxruntime on CPU (OpenVINO's own package: :mod:`ppdlx_deploy.openvino_runtime`). paddle and
+onnxruntime are imported where a predictor of theirs is built: a deployment on one runtime, and each
+benchmark worker, loads no other runtime's libraries and threads."""
 from __future__ import annotations
 
 import os
@@ -9,12 +12,12 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from . import trt as T
 from .config_calls import apply_plan
-from .errors import DeployError, UnsupportedError
+from .errors import DeployError
 from .integrity import check_onnx_file, runtime_load_error
 from .meta import load_meta, model_files, onnx_precision
 from .plan import build_plan, check_backend_available, default_threads
+from .trt import SUBGRAPH, convert_pir_trt, drop_engines_of_other_shapes, subgraph_engine_count
 
 
 class _executor_flags:
@@ -25,14 +28,14 @@ class _executor_flags:
 
     def __enter__(self):
         if self.serial:
-            import paddle
+            import paddle  # see the module's docstring: loaded by Paddle deployments only
             self.previous = paddle.get_flags(["FLAGS_new_executor_serial_run"])["FLAGS_new_executor_serial_run"]
             paddle.set_flags({"FLAGS_new_executor_serial_run": True})
         return self
 
     def __exit__(self, *exc):
         if self.serial:
-            import paddle
+            import paddle  # see the module's docstring: loaded by Paddle deployments only
             paddle.set_flags({"FLAGS_new_executor_serial_run": self.previous})
         return False
 
@@ -69,7 +72,7 @@ def collect_shape_ranges(pi, plan: dict, files: dict, sample_feeds) -> None:
             h.copy_from_cpu(np.ascontiguousarray(feeds[name]))
         predictor.run()
     del predictor  # the shape file is written when the collecting predictor is destroyed
-    if plan["engine"] == T.SUBGRAPH and T.drop_engines_of_other_shapes(plan, previous_shapes):
+    if plan["engine"] == SUBGRAPH and drop_engines_of_other_shapes(plan, previous_shapes):
         plan["notes"].append("the --input images gave other shapes than the last collection: "
                              "the TensorRT engines are built again")
 
@@ -84,7 +87,7 @@ class PaddlePredictor:
                  plan: Optional[dict] = None, **plan_kwargs):
         """``plan``: a :func:`build_plan` result to use as is (backend/precision/kwargs then unused)."""
         check_backend_available(plan["backend"] if plan else backend)
-        import paddle.inference as pi
+        import paddle.inference as pi  # see the module's docstring: loaded by Paddle deployments only
         self.meta = meta or load_meta(model_dir)
         self.files = model_files(model_dir, self.meta)
         self.plan = plan or build_plan(self.meta, self.files, backend, precision, threads=threads,
@@ -97,7 +100,7 @@ class PaddlePredictor:
                             and self.files["format"] == "pir")
         self._built = False
         if self.plan["pir_trt"]:
-            self.plan["tensorrt_engines"] = T.convert_pir_trt(self.plan["pir_trt"], sample_feeds)
+            self.plan["tensorrt_engines"] = convert_pir_trt(self.plan["pir_trt"], sample_feeds)
         if self.plan["collect_calls"]:
             collect_shape_ranges(pi, self.plan, self.files, sample_feeds)
         config = pi.Config(self.plan["model_file"], self.plan["params_file"])
@@ -122,8 +125,8 @@ class PaddlePredictor:
             with _executor_flags(self._serial_run):
                 self.predictor.run()
             self._built = True
-            if self.plan["engine"] == T.SUBGRAPH:  # the subgraph pass has built (or loaded) its engines by now
-                self.plan["tensorrt_engines"] = T.subgraph_engine_count(self.plan)
+            if self.plan["engine"] == SUBGRAPH:  # the subgraph pass has built (or loaded) its engines by now
+                self.plan["tensorrt_engines"] = subgraph_engine_count(self.plan)
         return [h.copy_to_cpu() for h in self._outputs]
 
 
@@ -132,7 +135,7 @@ class OnnxPredictor:
                  onnx_file: Optional[str] = None, profile_prefix: Optional[str] = None):
         """``profile_prefix``: record onnxruntime's profile (``session.end_profiling()`` writes it there)."""
         check_backend_available("onnxruntime")
-        import onnxruntime as ort
+        import onnxruntime as ort  # optional runtime, see the module's docstring
         self.meta = meta or load_meta(model_dir)
         onnx_file = onnx_file or os.path.join(model_dir, self.meta["model"].get("onnx_file") or "inference.onnx")
         if not os.path.isfile(onnx_file):
@@ -155,51 +158,10 @@ class OnnxPredictor:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.plan = {"backend": "onnxruntime", "engine": "onnxruntime", "precision": onnx_precision(self.meta),
+                     "graph": "onnx",
                      "threads": options.intra_op_num_threads,
                      "notes": [f"onnxruntime {ort.__version__} CPUExecutionProvider, ORT_ENABLE_ALL, "
                                f"{options.intra_op_num_threads} intra-op thread(s)"]}
 
     def run(self, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
         return self.session.run(None, {n: feeds[n] for n in self.input_names})
-
-
-def bf16_failed_verify(meta: dict) -> bool:
-    """Whether ``tools/export_model.py --verify`` ran this export in bf16 and it missed the gate."""
-    cases = (meta.get("verify") or {}).get("cases") or []
-    return any(c.get("precision") == "bf16" and not c.get("skipped") and c.get("passed") is False for c in cases)
-
-
-def create_predictor(model_dir: str, backend: str, precision: str = "fp32", **kwargs):
-    """A predictor for ``backend``/``precision``. On paddle-cpu, ``precision="auto"`` and/or
-    ``cpu_variant="auto"`` pick the plan by measuring the candidates on this machine (once per
-    kind of machine, cached: :mod:`ppdlx_deploy.tuning`); its first note says what and why."""
-    if backend == "onnxruntime":
-        meta = kwargs.get("meta") or load_meta(model_dir)
-        if precision not in (onnx_precision(meta), "auto"):
-            raise UnsupportedError(f"--backend onnxruntime --precision {precision}: this export's ONNX file is "
-                                   f"{onnx_precision(meta)} (onnxruntime runs it as written)")
-        return OnnxPredictor(model_dir, threads=kwargs.get("threads"), meta=meta)
-    if backend == "paddle-cpu" and precision == "auto":
-        meta = kwargs.get("meta") or load_meta(model_dir)
-        kwargs["meta"] = meta
-        if meta.get("precision") == "int8":  # an int8 export run as fp32 only emulates its quantize ops, slowly
-            precision = "int8"
-        elif bf16_failed_verify(meta):
-            predictor = create_predictor(model_dir, backend, "fp32", **kwargs)
-            predictor.plan["notes"].insert(0, "cpu plan: fp32 (this export's --verify found bf16 outside its gate: "
-                                              "inference.yml verify)")
-            return predictor
-    if backend == "paddle-cpu" and "auto" in (precision, kwargs.get("cpu_variant")):
-        from .tuning import choose_cpu_plan
-        check_backend_available(backend)
-        meta = kwargs.get("meta") or load_meta(model_dir)
-        kwargs["meta"] = meta
-        kwargs["threads"] = kwargs.get("threads") or default_threads()
-        choice = choose_cpu_plan(model_dir, model_files(model_dir, meta), precision, kwargs.pop("cpu_variant", None),
-                                 threads=kwargs["threads"], batch_size=kwargs.get("batch_size", 1))
-        predictor = PaddlePredictor(model_dir, backend, choice["precision"], cpu_variant=choice["cpu_variant"],
-                                    **kwargs)
-        predictor.plan["notes"].insert(0, choice["line"])
-        predictor.plan["cpu_choice"] = choice
-        return predictor
-    return PaddlePredictor(model_dir, backend, precision, **kwargs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import warnings
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
 import numpy as np
@@ -19,6 +20,11 @@ from .errors import DeployError
 from .meta import META_FILE
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm")
+
+# ppdlx's pixel limit (ppdlx.data.image_file): Pillow's refusal threshold, its warning below that an error
+MAX_IMAGE_PIXELS = 178_956_970
+Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+warnings.simplefilter("error", Image.DecompressionBombWarning)
 
 PIL_INTERPOLATION = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
 
@@ -62,6 +68,9 @@ def load_image(path: str) -> Image.Image:
             return img.convert("RGB")
     except (OSError, ValueError, SyntaxError) as err:
         raise DeployError(f"{path}: cannot read image ({err})") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise DeployError(f"{path}: cannot read image (it declares more than {MAX_IMAGE_PIXELS:,} pixels, the limit "
+                          f"against decompression bombs: shrink it)") from None
 
 
 def readable_batches(paths: Sequence[str], batch_size: int, load: Callable = load_image,
