@@ -23,9 +23,14 @@ COPY . .
 # [dali] is nvidia-dali-cuda120: DALI's build for CUDA 12.x, the image's CUDA major version.
 RUN python -m pip install --no-cache-dir -e ".[dali,onnx,coco]"
 
-# Fail the build, not the first run, if the CPU wheel got in or the GPU Paddle has no TensorRT support.
+# Fail the build, not the first run, if the CPU wheel got in, the GPU Paddle has no TensorRT support, the
+# image's TensorRT is not the one Paddle was compiled against, or paddle.tensorrt (the route of the default .json
+# export to TensorRT; it imports NVIDIA's `tensorrt` Python module) cannot be imported.
 RUN python -c "import importlib.metadata as md, paddle, paddle.inference as pi; \
 names = {(d.metadata['Name'] or '').lower() for d in md.distributions()}; \
 assert 'paddlepaddle' not in names, 'the CPU paddlepaddle wheel is installed next to paddlepaddle-gpu'; \
 assert paddle.is_compiled_with_cuda(), 'Paddle is a CPU build'; \
-assert pi.get_trt_compile_version()[0] > 0, 'Paddle was compiled without TensorRT'"
+compiled, runtime = tuple(pi.get_trt_compile_version()), tuple(pi.get_trt_runtime_version()); \
+assert compiled[0] > 0, 'Paddle was compiled without TensorRT'; \
+assert runtime[:2] == compiled[:2], f'TensorRT {runtime} in the image, Paddle was compiled against {compiled}'; \
+import paddle.tensorrt"

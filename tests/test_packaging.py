@@ -1,5 +1,6 @@
 """Packaging: the wheel carries every module, installs without Paddle in its requirements, trains from a venv
 outside the checkout, and the Docker image cannot swap its GPU Paddle for the CPU wheel."""
+import ast
 import email.parser
 import glob
 import importlib.metadata
@@ -79,9 +80,15 @@ def installed_closure(names):
 
 def dockerfile():
     """(base image, [(pip install arguments, ...)]) with ARG defaults substituted and continuations joined."""
+    base, installs, _ = dockerfile_steps()
+    return base, installs
+
+
+def dockerfile_steps():
+    """(base image, [pip install arguments], [scripts of ``python -c`` build checks])."""
     text = open(os.path.join(ROOT, "Dockerfile"), encoding="utf-8").read()
     lines = [ln for ln in text.replace("\\\n", " ").splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    args, base, installs = {}, None, []
+    args, base, installs, checks = {}, None, [], []
     for line in lines:
         keyword, _, rest = line.strip().partition(" ")
         rest = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), m.group(0)), rest)
@@ -91,8 +98,10 @@ def dockerfile():
         elif keyword.upper() == "FROM":
             base = rest.split()[0]
         elif keyword.upper() == "RUN":
-            installs += [c[c.index("install") + 1:] for c in shell_commands(rest) if "pip" in c and "install" in c]
-    return base, installs
+            commands = shell_commands(rest)
+            installs += [c[c.index("install") + 1:] for c in commands if "pip" in c and "install" in c]
+            checks += [c[c.index("-c") + 1] for c in commands if c[0].startswith("python") and "-c" in c]
+    return base, installs, checks
 
 
 def shell_commands(script):
@@ -159,6 +168,31 @@ def test_dockerfile_keeps_the_gpu_paddle_of_a_tensorrt_image(wheel):
                 assert int(dali.group(1)) // 10 == int(cuda_major), f"{name} in a CUDA {cuda_major} image"
     everything = set().union(*(pulled_distributions(a, wheel)[0] for a in installs))
     assert {"ppdlx", "nvidia-dali-cuda120", "paddle2onnx", "onnxruntime", "pycocotools"} <= everything
+
+
+def test_dockerfile_build_imports_paddle_tensorrt_and_matches_the_tensorrt_versions():
+    """The default .json export reaches TensorRT through ``paddle.tensorrt``, which imports NVIDIA's ``tensorrt``
+    module: an image without it, or with another TensorRT than Paddle was compiled against, must fail the build."""
+    _, _, checks = dockerfile_steps()
+    assert len(checks) == 1, checks
+    tree = ast.parse(checks[0])
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert "paddle.tensorrt" in imported
+    called = {}  # variable -> the paddle.inference function whose value it holds
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple):
+            for target, value in zip(node.targets[0].elts, node.value.elts):
+                calls = [n.func.attr for n in ast.walk(value) if isinstance(n, ast.Call)
+                         and isinstance(n.func, ast.Attribute)]
+                called[target.id] = calls
+    compared = [{n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)} for node in ast.walk(tree)
+                if isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare)
+                and isinstance(node.test.ops[0], ast.Eq)]
+    versions = {name for names in compared for name in names if name in called}
+    assert {fn for name in versions for fn in called[name]} >= {"get_trt_runtime_version", "get_trt_compile_version"}
+    # the script runs here too, and fails loudly on a CPU Paddle (it would have passed silently if it were empty)
+    run = subprocess.run([sys.executable, "-c", checks[0]], capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and "AssertionError" in run.stderr, run.stderr[-400:]
 
 
 # ------------------------------------------------------------------------------------------------ the wheel

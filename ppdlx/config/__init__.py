@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ppdlx.config.loader import apply_overrides, load_yaml_with_bases, merge, parse_overrides  # noqa: F401
+from ppdlx.config.migrations import check_retired
 from ppdlx.config.schema import Config
 from ppdlx.errors import ConfigError, quote
 
@@ -75,6 +76,7 @@ def _format_error(err: dict, sources: dict, default_source: str) -> str:
 
 
 def build_config(raw: dict, sources: Optional[dict] = None, source: str = "<config>") -> Config:
+    check_retired(raw, sources or {}, source)
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:

@@ -129,7 +129,7 @@ class TransformsConfig(Section):
     interpolation: Optional[Literal["bilinear", "bicubic"]] = None
     # Off for tests that need identical batches across graph modes.
     random: bool = True
-    # timm-style training extras (ppdlx.data.augment; paddle.io path): RandAugment policy, e.g.
+    # timm's training extras (paddle.io: ppdlx.data.augment; DALI: ppdlx.data.dali_augment): RandAugment, e.g.
     # "rand-m9-mstd0.5" (null = off); random erasing probability on the normalised image and its fill
     randaugment: Optional[str] = None
     random_erasing: float = Field(0.0, ge=0.0, le=1.0)
@@ -168,7 +168,7 @@ class TransformsConfig(Section):
 
 
 class DaliConfig(Section):
-    device: Literal["cpu", "gpu"] = "cpu"
+    device: Literal["auto", "cpu", "gpu"] = "auto"  # auto: gpu (mixed decoding) where paddle runs on a GPU
     num_threads: int = Field(2, ge=1)
     prefetch_queue_depth: int = Field(2, ge=1)
     # the training batches' dtype (float16 feeds an amp.dtype=float16 run on GPU); validation is float32
@@ -209,6 +209,8 @@ class DataConfig(Section):
     train_split: str = "train"
     val_split: str = "val"
     batch_size: int = Field(256, ge=1)  # per device
+    # a rank's last partial training batch: drop it, or fill it from the start of its share (NVIDIA's DALI)
+    last_batch: Literal["drop", "fill"] = "drop"
     workers: int = Field(4, ge=0)
     transforms: TransformsConfig = Field(default_factory=TransformsConfig)
     dali: DaliConfig = Field(default_factory=DaliConfig)
@@ -221,7 +223,12 @@ class TrainConfig(Section):
     graph: Literal["dynamic", "static", "to_static"] = "dynamic"
     resume: Optional[str] = None  # "auto", "never" (start over, replacing checkpoints) or a checkpoint path
     accumulate: int = Field(1, ge=1)
+    # Mixup / CutMix on the device, timm's semantics (ppdlx.data.mixing): Beta(alpha, alpha) per step; a step
+    # mixes with mix_prob, CutMix with mix_switch_prob when both alphas are set (timm --mixup-*)
     mixup_alpha: float = Field(0.0, ge=0.0)
+    cutmix_alpha: float = Field(0.0, ge=0.0)
+    mix_prob: float = Field(1.0, ge=0.0, le=1.0)
+    mix_switch_prob: float = Field(0.5, ge=0.0, le=1.0)
     # Stop with an error after this many consecutive non-finite losses.
     max_nonfinite_steps: int = Field(10, ge=1)
     # Cap on optimizer steps per epoch (benchmarks, smoke runs); null = the whole split.
@@ -234,11 +241,9 @@ class OptimizerConfig(Section):
     name: str = "momentum"
     momentum: float = 0.875
     weight_decay: float = Field(1.0 / 32768, ge=0.0)
-    # BN scales/shifts and biases get no weight decay.
-    decay_bn_and_bias: bool = False
-    # which parameters decay: "default" = all but 1-D ones (see decay_bn_and_bias);
-    # "conv_kernels" = 4-D parameters only (EfficientDet: conv/depthwise/pointwise kernels)
-    decay_params: Literal["default", "conv_kernels"] = "default"
+    # which parameters decay (ppdlx.optim.optimizers.DECAY_PARAMS): all; all_but_bn (NVIDIA's ResNet50: BN
+    # scales/shifts excluded); all_but_1d (timm: BN and biases excluded); conv_kernels (EfficientDet: 4-D only)
+    decay_params: Literal["all", "all_but_bn", "all_but_1d", "conv_kernels"] = "all_but_1d"
     nesterov: bool = False
     grad_clip_norm: Optional[float] = Field(None, gt=0.0)
     # RMSprop (TF style) knobs

@@ -1,4 +1,5 @@
-"""timm-semantics RandAugment and random erasing for the paddle.io path, driven by a numpy Generator.
+"""timm-semantics RandAugment and random erasing for the paddle.io path (DALI: ``dali_augment``), from a numpy
+Generator.
 
 Both follow ``timm.data.auto_augment.rand_augment_transform`` / ``timm.data.random_erasing``
 (the recipe of GPUNet / EfficientNet: ``--aa rand-m9-mstd0.5 --reprob 0.2 --remode pixel``);
@@ -191,15 +192,18 @@ class RandAugment:
         return img
 
 
+def rand_augment_fill(mean) -> tuple:
+    """timm's ``img_mean``: the fill of geometric ops, the dataset mean per channel in 0..255."""
+    fill = tuple(min(255, int(round(v))) for v in mean)
+    return fill * 3 if len(fill) == 1 else fill  # one mean for every channel: PIL would fill red alone
+
+
 def build_rand_augment(cfg):
     """The RandAugment of a ``TransformsConfig`` (``randaugment`` string) or None."""
     spec = getattr(cfg, "randaugment", None)
     if not spec:
         return None
-    fill = tuple(min(255, int(round(v))) for v in cfg.mean)  # timm: img_mean in 0..255
-    if len(fill) == 1:  # one mean for every channel: PIL would fill red alone with a 1-tuple
-        fill *= 3
-    return RandAugment(parse_rand_augment(spec), fill=fill, interpolation=cfg.interpolation)
+    return RandAugment(parse_rand_augment(spec), fill=rand_augment_fill(cfg.mean), interpolation=cfg.interpolation)
 
 
 # --------------------------------------------------------------------------- random erasing

@@ -21,21 +21,24 @@ __all__ = ["CocoDetection", "CocoIndex", "CocoLoader", "build_coco_dataset", "bu
            "transform_boxes"]
 
 
-def build_coco_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None):
+def build_coco_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None,
+                      targets=None):
     """Detection loader for ``split`` ("train" or "val"): paddle.io, or DALI with ``data.backend: dali``.
-    Training batches are full and shuffled per epoch; val shards are disjoint (every image once)."""
+    Training batches are full and shuffled per epoch; val shards are disjoint (every image once). ``targets``:
+    a host target assigner whose outputs each batch carries after its image scales."""
     data = cfg.data
     batch_size = batch_size or data.batch_size
     if data.backend == "dali":
         with dali_required():
             from ppdlx.data import dali_coco
         loader = dali_coco.build_dali_coco_loader(cfg, split, rank, world_size, batch_size=batch_size,
-                                                  cat_ids=cat_ids)
+                                                  cat_ids=cat_ids, targets=targets)
     elif data.backend == "paddle":
         dataset = build_coco_dataset(cfg, split, cat_ids)
         sampler = split_batch_sampler(split == "train", len(dataset), batch_size, rank, world_size, cfg.global_.seed,
-                                      shuffle=data.transforms.random, source=dataset.index.json_path)
-        loader = CocoLoader(dataset, sampler, data.workers)
+                                      shuffle=data.transforms.random, source=dataset.index.json_path,
+                                      last_batch=data.last_batch)
+        loader = CocoLoader(dataset, sampler, data.workers, targets)
     else:
         raise ConfigError(f"data.backend={data.backend}: detection (data.dataset=coco) supports paddle or dali; "
                           f"for synthetic detection data run tools/make_synthetic_coco.py")

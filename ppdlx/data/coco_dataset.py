@@ -92,23 +92,37 @@ class CocoDetection(IndexedByCoco):
 
 
 
-def _collate(batch):
-    good = [s for s in batch if s[0] is not None]
-    skipped = np.asarray([s[5] if s[0] is None else -1 for s in batch], dtype=np.int64)
-    if not good:
-        return (np.zeros((1,), np.float32), np.zeros((1, 1, 4), np.float32), np.full((1, 1), -1, np.int64),
-                np.full((1,), -1, np.int64), np.ones((1,), np.float32), skipped)
-    return (np.stack([s[0] for s in good]), np.stack([s[1] for s in good]), np.stack([s[2] for s in good]),
-            np.asarray([s[3] for s in good], np.int64), np.asarray([s[4] for s in good], np.float32), skipped)
+class CocoCollate:
+    """A batch of samples -> its arrays (the ``PaddleIOLoader`` contract); with ``targets`` (a task's host target
+    assigner, e.g. ``ppdlx.models.detection.HostTargets``) the anchor targets follow the image scales, assigned
+    here in the loader's workers."""
+
+    def __init__(self, targets=None):
+        self.targets = targets
+
+    def __call__(self, batch):
+        good = [s for s in batch if s[0] is not None]
+        skipped = np.asarray([s[5] if s[0] is None else -1 for s in batch], dtype=np.int64)
+        if not good:  # 1-D images: the loader drops the batch; the other arrays only keep their ranks
+            empty = (np.zeros((1,), np.float32), np.zeros((1, 1, 4), np.float32), np.full((1, 1), -1, np.int64),
+                     np.full((1,), -1, np.int64), np.ones((1,), np.float32))
+            extra = (np.full((1, 1), -1, np.int64), np.zeros((1, 1, 4), np.float32), np.zeros((1,), np.float32))
+            return empty + (extra if self.targets is not None else ()) + (skipped,)
+        arrays = (np.stack([s[0] for s in good]), np.stack([s[1] for s in good]), np.stack([s[2] for s in good]),
+                  np.asarray([s[3] for s in good], np.int64), np.asarray([s[4] for s in good], np.float32))
+        if self.targets is not None:
+            arrays += self.targets(arrays[1], arrays[2])
+        return arrays + (skipped,)
 
 
 class CocoLoader(PaddleIOLoader):
     """Yields ``(images, gt_boxes, gt_classes, image_ids, image_scales)`` paddle tensors:
     ``[N,3,S,S]`` float32, ``[N,max,4]`` yxyx float32, ``[N,max]`` int64 (-1 pad), ``[N]`` int64,
-    ``[N]`` float32 (original / resized). Undecodable images are reported once and dropped."""
+    ``[N]`` float32 (original / resized), and with ``targets`` the anchor targets it returns (``CocoCollate``).
+    Undecodable images are reported once and dropped."""
 
-    def __init__(self, dataset: CocoDetection, batch_sampler, workers: int):
-        super().__init__(dataset, batch_sampler, workers, _collate)
+    def __init__(self, dataset: CocoDetection, batch_sampler, workers: int, targets=None):
+        super().__init__(dataset, batch_sampler, workers, CocoCollate(targets))
         self.source = dataset.index.json_path
 
     def path_of(self, index: int) -> str:

@@ -5,8 +5,9 @@ sharding (the file order of every epoch comes from ``TrainBatchSampler`` /
 ``EvalBatchSampler``, so switching backend changes decoding and augmentation only).
 
 * ``data.dali.device: cpu``: every operator on CPU (``device_id=None``); works on a
-  CPU-only Paddle build.  ``gpu``: ``mixed`` (nvJPEG) decoding and GPU resize/normalise;
-  on a Paddle build without CUDA it fails with one line (``UnsupportedError``).
+  CPU-only Paddle build.  ``gpu``: ``mixed`` (nvJPEG) decoding and GPU resize/augment/normalise;
+  on a Paddle build without CUDA it fails with one line (``UnsupportedError``). ``auto`` (the
+  default): ``gpu`` where paddle runs on a GPU, else ``cpu``.
   Worker threads: ``data.dali.num_threads`` (``data.workers`` is paddle.io's).
 * Reading: one pipeline per loader and run, fed this rank's batches of (file path, label)
   for the epoch, already shuffled and sharded (``dali_feed``: why not ``fn.readers.file``);
@@ -16,7 +17,10 @@ sharding (the file order of every epoch comes from ``TrainBatchSampler`` /
   checkpoint (``dali_feed.ResumableRandomState``), so it draws the crops of the run it resumes.
 * Train: ``decoders.image_random_crop`` (area ``scale``, aspect ``ratio``; fused ROI
   decode) -> resize to ``crop_size`` -> ``crop_mirror_normalize`` (coin-flip mirror with
-  probability ``hflip``).  ``transforms.random: false`` uses the eval transform and order.
+  probability ``hflip``).  With ``randaugment`` (timm's order): flip, timm's RandAugment on the
+  uint8 crop (``dali_augment``; the pipeline then runs DALI's conditionals), normalise; with
+  ``random_erasing``, timm's erasing on the normalised image.  ``transforms.random: false`` uses
+  the eval transform and order.
 * Val: decode the centre square that resize-shorter-to-``resize_short`` + centre-crop
   ``crop_size`` would keep (``decoders.image_crop``), resize it to ``crop_size``,
   normalise.  The last batch is as short as the split leaves it, so every val image is
@@ -35,24 +39,27 @@ import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
 import nvidia.dali.types as types
 
+from ppdlx.config.randaugment import parse_rand_augment
+from ppdlx.data.augment import rand_augment_fill, rand_augment_ops
+from ppdlx.data.dali_augment import erase_random_box, rand_augment
 from ppdlx.data.dali_fed_loader import FedDaliLoader
 from ppdlx.data.dali_feed import STORED_ORIENTATION, decoder_options, read_fed_files
 from ppdlx.data.dali_handover import check_device, to_paddle
 from ppdlx.data.image_folder import check_same_classes, require_images_in_every_class, scan_image_folder
 from ppdlx.data.loader_common import split_batch_sampler
-from ppdlx.errors import UnsupportedError
 
 _INTERP = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
 _DTYPE = {"float32": types.FLOAT, "float16": types.FLOAT16}
 
 
-def _graph(feed, t, dali_cfg, data_format, training_random: bool, output_dtype: str):
-    """The DALI graph (traced inside a ``pipeline_def``)."""
-    gpu = dali_cfg.device == "gpu"
+def _graph(feed, t, device: str, data_format, training_random: bool, output_dtype: str):
+    """The DALI graph (traced inside a ``pipeline_def``; with RandAugment, one with ``enable_conditionals``)."""
+    gpu = device == "gpu"
     decode_dev, op_dev = ("mixed", "gpu") if gpu else ("cpu", "cpu")
     dec_kw = decoder_options(gpu, training_random)
     jpegs, label = read_fed_files(feed)
     crop, interp = t.crop_size, _INTERP[t.interpolation]
+    layout = "CHW" if data_format == "NCHW" else "HWC"
     mirror = 0
     if training_random:
         images = fn.decoders.image_random_crop(jpegs, device=decode_dev, output_type=types.RGB,
@@ -61,6 +68,11 @@ def _graph(feed, t, dali_cfg, data_format, training_random: bool, output_dtype: 
         images = fn.resize(images, device=op_dev, resize_x=crop, resize_y=crop, interp_type=interp)
         if t.hflip > 0:
             mirror = fn.random.coin_flip(probability=t.hflip)
+        if t.randaugment:  # timm's order: flip, then RandAugment on the uint8 crop
+            images = fn.flip(images, horizontal=mirror) if t.hflip > 0 else images
+            mirror = 0
+            spec = parse_rand_augment(t.randaugment)
+            images = rand_augment(images, spec, rand_augment_ops(spec), crop, rand_augment_fill(t.mean))[0]
     elif crop <= t.resize_short:
         # resize-shorter(S) + centre-crop(C) == centre square of side short*C/S, resized to C.
         shape = fn.peek_image_shape(jpegs, dtype=types.FLOAT, **STORED_ORIENTATION)
@@ -71,10 +83,13 @@ def _graph(feed, t, dali_cfg, data_format, training_random: bool, output_dtype: 
     else:
         images = fn.decoders.image(jpegs, device=decode_dev, output_type=types.RGB, **dec_kw)
         images = fn.resize(images, device=op_dev, resize_shorter=t.resize_short, interp_type=interp)
+    erasing = training_random and t.random_erasing > 0
     images = fn.crop_mirror_normalize(
-        images, device=op_dev, dtype=_DTYPE[output_dtype],
-        output_layout="CHW" if data_format == "NCHW" else "HWC", crop=(crop, crop), mean=list(t.mean),
-        std=list(t.std), mirror=mirror, out_of_bounds_policy="pad")
+        images, device=op_dev, dtype=types.FLOAT if erasing else _DTYPE[output_dtype], output_layout=layout,
+        crop=(crop, crop), mean=list(t.mean), std=list(t.std), mirror=mirror, out_of_bounds_policy="pad")
+    if erasing:  # timm: on the normalised image
+        images = erase_random_box(images, t.random_erasing, t.random_erasing_mode, crop, layout)
+        images = fn.cast(images, dtype=_DTYPE[output_dtype])
     if gpu:
         label = label.gpu()
     return images, label
@@ -96,11 +111,6 @@ class DaliLoader(FedDaliLoader):
         training = split == "train"
         self.split_dir = os.path.join(data.root, data.train_split if training else data.val_split)
         check_device(data.dali.device)
-        if training and self.transforms.random:
-            for key in ("randaugment", "random_erasing"):  # paddle.io-only extras (ppdlx.data.augment)
-                if getattr(self.transforms, key, None):
-                    raise UnsupportedError(f"data.transforms.{key}={getattr(self.transforms, key)!r} is applied by the "
-                                           f"paddle.io path only; set data.backend=paddle or turn it off")
         found, samples = scan_image_folder(self.split_dir)
         if classes is not None:
             check_same_classes(self.split_dir, found, classes, "the training split's")
@@ -111,9 +121,10 @@ class DaliLoader(FedDaliLoader):
         labels = [label for _, label in samples]
         batch_size = batch_size or data.batch_size
         sampler = split_batch_sampler(training, len(samples), batch_size, rank, world_size, cfg.global_.seed,
-                                      shuffle=True, source=self.split_dir)
+                                      shuffle=True, source=self.split_dir, last_batch=data.last_batch)
         self._setup(cfg, training, self.files, labels, sampler, self.split_dir, batch_size, rank)
         self.draws_randomly = training and self.transforms.random
+        self.conditionals = self.draws_randomly and bool(self.transforms.randaugment)  # DALI's op selection
 
     @property
     def num_images(self) -> int:
@@ -123,7 +134,7 @@ class DaliLoader(FedDaliLoader):
         # data.dali.output_dtype is the training batches' dtype: evaluation runs the float32 weights a
         # checkpoint holds, without autocast, so validation batches stay float32.
         dtype = self.dali_cfg.output_dtype if self.training else "float32"
-        return _graph(self._feed, self.transforms, self.dali_cfg, self.data_format, self.draws_randomly, dtype)
+        return _graph(self._feed, self.transforms, self.dali_device, self.data_format, self.draws_randomly, dtype)
 
     def _batch(self, outputs):
         images, labels = outputs

@@ -23,7 +23,9 @@ int64 (-1 pad), image_ids [N] int64, image_scales [N] float32)``.
   pads to ``max_instances`` with the same ``coco_geometry`` functions as the paddle.io path.
 * Hand-over: both devices run the pipeline directly; images go through
   ``dali_handover.to_paddle`` (zero-copy DLPack, on paddle's current stream for GPU buffers) to
-  paddle's device, the small box/id/scale outputs are always CPU and are read as numpy. Only the
+  paddle's device; the small per-image outputs are always CPU and are read as numpy, and the host
+  arrays of a batch (boxes, classes, ids, scales and, for training, the anchor targets of the task's
+  host assigner) reach paddle's device in one copy (``dali_handover.upload_together``). Only the
   decode/resize/normalise device differs between ``data.dali.device: cpu`` and ``gpu``; on a
   Paddle build without CUDA, ``gpu`` is one ``UnsupportedError`` line.
 """
@@ -33,14 +35,13 @@ import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
 import nvidia.dali.types as types
 import numpy as np
-import paddle
 
 from ppdlx.config.preprocess import require_detection_resolved
 from ppdlx.data.coco_geometry import pad_targets, record_boxes, transform_boxes
 from ppdlx.data.coco_index import IndexedByCoco, coco_paths, shared_index
 from ppdlx.data.dali_fed_loader import FedDaliLoader
 from ppdlx.data.dali_feed import STORED_ORIENTATION, decoder_options, read_fed_files
-from ppdlx.data.dali_handover import check_device, to_paddle
+from ppdlx.data.dali_handover import check_device, to_paddle, upload_together
 from ppdlx.data.loader_common import split_batch_sampler
 
 _INTERP = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
@@ -89,7 +90,8 @@ def _graph(feed, size, mean, std, training_random, hflip, scale_range, interpola
 class DaliCocoLoader(FedDaliLoader, IndexedByCoco):
     """Detection batches from a DALI pipeline, one epoch per ``iter()``; same interface as ``CocoLoader``."""
 
-    def __init__(self, cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None):
+    def __init__(self, cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None,
+                 targets=None):
         require_detection_resolved(cfg)
         data = cfg.data
         self.transforms, self.coco_cfg = data.transforms, data.coco
@@ -101,10 +103,11 @@ class DaliCocoLoader(FedDaliLoader, IndexedByCoco):
         records = self.index.records
         batch_size = batch_size or data.batch_size
         sampler = split_batch_sampler(training, len(records), batch_size, rank, world_size, cfg.global_.seed,
-                                      shuffle=self.transforms.random, source=json_path)
+                                      shuffle=self.transforms.random, source=json_path, last_batch=data.last_batch)
         self._setup(cfg, training, [r["path"] for r in records], range(len(records)), sampler, self.image_dir,
                     batch_size, rank)
         self.draws_randomly = training and self.transforms.random
+        self.targets = targets  # a host target assigner: its outputs follow the image scales
 
     @property
     def num_images(self):
@@ -117,7 +120,7 @@ class DaliCocoLoader(FedDaliLoader, IndexedByCoco):
     def _graph(self):
         t, cc = self.transforms, self.coco_cfg
         return _graph(self._feed, cc.image_size, t.mean, t.std, self.draws_randomly, t.hflip, cc.scale_range,
-                      t.interpolation, self.data_format, self.dali_cfg.device)
+                      t.interpolation, self.data_format, self.dali_device)
 
     def _targets(self, records, geometry):
         s, m = self.coco_cfg.image_size, self.coco_cfg.max_instances
@@ -137,9 +140,13 @@ class DaliCocoLoader(FedDaliLoader, IndexedByCoco):
         geometry = np.asarray(geometry.as_array(), np.float32)
         gt_boxes, gt_classes = self._targets(records, geometry)
         image_ids = np.asarray([self.index.records[i]["id"] for i in records], np.int64)
-        return (to_paddle(images, self.device), paddle.to_tensor(gt_boxes), paddle.to_tensor(gt_classes),
-                paddle.to_tensor(image_ids), paddle.to_tensor(geometry[:, 4].copy())), len(records)
+        host = (gt_boxes, gt_classes, image_ids, geometry[:, 4])
+        if self.targets is not None:
+            host += self.targets(gt_boxes, gt_classes)
+        tensors, self._staging = upload_together(host, self.device)  # the boxes are host data: one copy for all
+        return (to_paddle(images, self.device), *tensors), len(records)
 
 
-def build_dali_coco_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None):
-    return DaliCocoLoader(cfg, split, rank, world_size, batch_size=batch_size, cat_ids=cat_ids)
+def build_dali_coco_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None,
+                           targets=None):
+    return DaliCocoLoader(cfg, split, rank, world_size, batch_size=batch_size, cat_ids=cat_ids, targets=targets)

@@ -22,7 +22,7 @@ import numpy as np
 import paddle
 
 from ppdlx.data.dali_feed import EpochFeed, ResumableRandomState, drained
-from ppdlx.data.dali_handover import HeldBatches, dali_device_id
+from ppdlx.data.dali_handover import HeldBatches, check_device, dali_device_id
 from ppdlx.data.loader_common import nothing_readable, report_unreadable
 from ppdlx.errors import DataError
 
@@ -90,9 +90,11 @@ class FedDaliLoader(ResumableRandomState):
     """
 
     draws_randomly = False
+    _staging = None  # the pinned host buffer the last batch's host arrays were copied from (GPU only)
 
     def _setup(self, cfg, training: bool, paths, values, sampler, source: str, batch_size: int, rank: int) -> None:
         self.dali_cfg, self.training, self.sampler, self.source = cfg.data.dali, training, sampler, source
+        self.dali_device = check_device(cfg.data.dali.device)  # "cpu" or "gpu"
         self.batch_size, self.rank, self.seed = batch_size, rank, cfg.global_.seed
         self.paths = paths
         self._feed = EpochFeed(paths, values, batch_size)
@@ -132,7 +134,7 @@ class FedDaliLoader(ResumableRandomState):
         c = self.dali_cfg
         seed = (self.seed * 1_000_003 + self.rank * 7_919 + self.epoch * 104_729 + position) % (2 ** 31 - 1)
         return self._built(self._graph, self.draws_randomly, batch_size=self.batch_size, num_threads=c.num_threads,
-                           device_id=dali_device_id(c.device), seed=seed,
+                           device_id=dali_device_id(self.dali_device), seed=seed,
                            prefetch_queue_depth=c.prefetch_queue_depth, exec_dynamic=True)
 
     def __iter__(self):
@@ -161,7 +163,7 @@ class FedDaliLoader(ResumableRandomState):
                 position += images
                 done += 1
                 yield batch
-                held.consumed(batch)
+                held.consumed(batch, self._staging)
         except GeneratorExit:
             pass  # the consumer left the pass early; the pipeline is drained below
         held.release_all()  # before DALI runs again (the drain, the next pass) and reuses their memory

@@ -104,6 +104,7 @@ class ResumableRandomState:
     _pipe = None
     _restore = None
     _random = False  # the pipelines built track their random state
+    conditionals = False  # the graph selects ops per sample (DALI's conditional execution)
 
     def state_dict(self) -> dict:
         pipe, saved = self._pipe, None
@@ -128,12 +129,14 @@ class ResumableRandomState:
         self._random = random
         if random and restore is not None:
             try:
-                pipe = dali.pipeline_def(graph)(enable_checkpointing=True, checkpoint=restore, **pipeline_kwargs)
+                pipe = dali.pipeline_def(graph, enable_conditionals=self.conditionals)(
+                    enable_checkpointing=True, checkpoint=restore, **pipeline_kwargs)
                 pipe.build()
                 return pipe
             except (RuntimeError, ValueError) as err:
                 log.warning("the checkpoint's DALI random state does not fit this pipeline (%s): crops and flips "
                             "are drawn afresh from here", str(err).strip().splitlines()[0][:200])
-        pipe = dali.pipeline_def(graph)(enable_checkpointing=random, **pipeline_kwargs)
+        pipe = dali.pipeline_def(graph, enable_conditionals=self.conditionals)(enable_checkpointing=random,
+                                                                               **pipeline_kwargs)
         pipe.build()
         return pipe

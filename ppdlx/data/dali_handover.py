@@ -13,16 +13,25 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
 import paddle
 from nvidia.dali.backend import TensorListCPU, TensorListGPU
 
 from ppdlx.errors import UnsupportedError
 
 
-def check_device(dali_device: str) -> None:
-    """Refuse ``data.dali.device=gpu`` unless paddle itself runs on a CUDA device."""
+def resolve_dali_device(setting: str) -> str:
+    """``data.dali.device``: ``auto`` is ``gpu`` where paddle runs on a CUDA device, else ``cpu``."""
+    if setting != "auto":
+        return setting
+    return "gpu" if paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu") else "cpu"
+
+
+def check_device(setting: str) -> str:
+    """The DALI device ``data.dali.device`` gives here; ``gpu`` is refused unless paddle runs on a CUDA device."""
+    dali_device = resolve_dali_device(setting)
     if dali_device != "gpu":
-        return
+        return dali_device
     if not (paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0):
         raise UnsupportedError(
             f"data.dali.device=gpu: this Paddle build has no CUDA device (paddle.is_compiled_with_cuda() is "
@@ -31,6 +40,7 @@ def check_device(dali_device: str) -> None:
         raise UnsupportedError(
             f"data.dali.device=gpu: paddle runs on {paddle.get_device()}, so every GPU batch would be copied "
             f"back; set global.device=gpu or data.dali.device=cpu")
+    return dali_device
 
 
 def dali_device_id(dali_device: str) -> int | None:
@@ -61,6 +71,35 @@ def to_paddle(output, device: str | None = None) -> paddle.Tensor:
     return output if device is None else output.to(device=device)
 
 
+FLOAT32_EXACT = 1 << 24  # integers up to this magnitude travel exactly in float32
+
+
+def upload_together(arrays, device: str):
+    """Host arrays (same leading dimension) as paddle tensors on ``device``, in one host-to-device copy: packed
+    side by side in one float32 array (each integer array checked to travel exactly), copied, and sliced and
+    cast back on the device. ``(tensors, staging)``: on a GPU the copy is asynchronous from pinned memory on
+    paddle's stream, and ``staging`` (that pinned buffer) must stay referenced until paddle's stream has passed
+    the copy (``HeldBatches``); None on CPU."""
+    rows = len(arrays[0])
+    flat = [np.asarray(a).reshape(rows, -1) for a in arrays]
+    for a, f in zip(arrays, flat):
+        if np.issubdtype(f.dtype, np.integer) and f.size and np.abs(f).max() >= FLOAT32_EXACT:
+            raise ValueError(f"an integer array of shape {np.shape(a)} holds values beyond float32's exact range")
+    packed = np.concatenate([f.astype(np.float32, copy=False) for f in flat], axis=1)
+    staging = None
+    if device.startswith("gpu"):
+        staging = paddle.to_tensor(packed, place=paddle.CPUPlace()).pin_memory()
+        tensor = staging._copy_to(paddle.CUDAPlace(int(device.split(":")[1])), False)
+    else:
+        tensor = paddle.to_tensor(packed, place=paddle.CPUPlace())
+    out, start = [], 0
+    for a, f in zip(arrays, flat):
+        part = tensor[:, start:start + f.shape[1]].reshape(list(np.shape(a)))
+        out.append(part if f.dtype == np.float32 else part.astype(str(f.dtype)))
+        start += f.shape[1]
+    return out, staging
+
+
 def _on_gpu(batch) -> bool:
     if isinstance(batch, (tuple, list)):
         return any(_on_gpu(item) for item in batch)
@@ -82,13 +121,14 @@ class HeldBatches:
         self.window = window
         self._held = collections.deque()
 
-    def consumed(self, batch) -> None:
-        """``batch``'s consumer asked for the next one: all its work on ``batch`` is queued."""
+    def consumed(self, batch, *staging) -> None:
+        """``batch``'s consumer asked for the next one: all its work on ``batch`` (and on the pinned ``staging``
+        buffers copied into it) is queued."""
         event = None
         if _on_gpu(batch):
             event = paddle.device.Event()
             event.record()
-        self._held.append((batch, event))
+        self._held.append(((batch, staging), event))
         while len(self._held) > self.window:
             _, event = self._held.popleft()
             if event is not None:

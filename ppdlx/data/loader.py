@@ -75,5 +75,5 @@ def build_classification_loader(cfg, split: str, rank: int = 0, world_size: int 
     if not training:
         require_images_in_every_class(dataset.split_dir, dataset.classes, dataset.samples)
     sampler = split_batch_sampler(training, len(dataset), batch_size, rank, world_size, cfg.global_.seed,
-                                  shuffle=True, source=dataset.split_dir)
+                                  shuffle=True, source=dataset.split_dir, last_batch=data.last_batch)
     return ImageFolderLoader(dataset, sampler, data.workers)

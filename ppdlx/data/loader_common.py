@@ -44,12 +44,14 @@ def dali_required():
 
 
 def split_batch_sampler(training: bool, num_samples: int, batch_size: int, rank: int, world_size: int, seed: int,
-                        shuffle: bool, source: str):
-    """Training: full shuffled batches (``ConfigError`` if a rank gets none); val: disjoint shards,
-    every sample once. ``source`` (split directory or annotation file) names the data in the error."""
+                        shuffle: bool, source: str, last_batch: str = "drop"):
+    """Training: full shuffled batches (``ConfigError`` if a rank gets none), the last partial one dropped or
+    filled (``data.last_batch``); val: disjoint shards, every sample once. ``source`` (split directory or
+    annotation file) names the data in the error."""
     if not training:
         return EvalBatchSampler(num_samples, batch_size, rank, world_size)
-    sampler = TrainBatchSampler(num_samples, batch_size, rank, world_size, seed=seed, shuffle=shuffle)
+    sampler = TrainBatchSampler(num_samples, batch_size, rank, world_size, seed=seed, shuffle=shuffle,
+                                fill_last=last_batch == "fill")
     if len(sampler) == 0:
         raise ConfigError(f"data.batch_size={batch_size}: larger than the {num_samples} training images per "
                           f"rank ({source}); lower data.batch_size")
@@ -114,10 +116,13 @@ class PaddleIOLoader:
         yielded, dropped, owed, last = 0, [], 0, None
         try:
             for *arrays, skipped in it:
-                for index in np.asarray(skipped).reshape(-1).tolist():
-                    if index >= 0:
-                        dropped.append(self.path_of(index))
-                        report_unreadable(self.skipped_files, dropped[-1], why_unreadable(dropped[-1]))
+                # the vector has a row per sample asked for, the images one per sample decoded: read back (a
+                # device round trip once paddle's reader has copied it) only when some sample is missing
+                if arrays[0].ndim == 1 or arrays[0].shape[0] < skipped.shape[0]:
+                    for index in np.asarray(skipped).reshape(-1).tolist():
+                        if index >= 0:
+                            dropped.append(self.path_of(index))
+                            report_unreadable(self.skipped_files, dropped[-1], why_unreadable(dropped[-1]))
                 if arrays[0].ndim == 1:
                     owed += keep_length
                     continue

@@ -1,7 +1,9 @@
 """Rank-aware batch samplers.
 
 Train: a permutation seeded by (seed, epoch), padded to a multiple of the world
-size, each rank takes a strided share, full batches only.
+size, each rank takes a strided share, full batches only: the last partial batch of a rank's share
+is dropped, or (``fill_last``, as NVIDIA's DALI iterator does) completed with the first samples of
+that share, so every sample is seen and the epoch has ``ceil(share / batch)`` steps.
 Eval: each rank takes a disjoint strided share with no padding, so that merged
 counts see every image exactly once.
 """
@@ -13,10 +15,10 @@ import numpy as np
 
 
 class TrainBatchSampler:
-    def __init__(self, num_samples, batch_size, rank=0, world_size=1, seed=0, shuffle=True, drop_last=True):
+    def __init__(self, num_samples, batch_size, rank=0, world_size=1, seed=0, shuffle=True, fill_last=False):
         self.num_samples, self.batch_size = num_samples, batch_size
         self.rank, self.world_size = rank, world_size
-        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
+        self.seed, self.shuffle, self.fill_last = seed, shuffle, fill_last
         self.epoch = 0
         self.per_rank = math.ceil(num_samples / world_size)
 
@@ -32,12 +34,14 @@ class TrainBatchSampler:
         if pad:
             order = np.concatenate([order, order[:pad]])
         mine = order[self.rank::self.world_size]
-        stop = len(mine) - (len(mine) % self.batch_size if self.drop_last else 0)
-        for start in range(0, stop, self.batch_size):
+        short = (-len(mine)) % self.batch_size
+        if self.fill_last and short:
+            mine = np.concatenate([mine, np.resize(mine, short)])  # np.resize repeats from the start
+        for start in range(0, len(mine) - len(mine) % self.batch_size, self.batch_size):
             yield mine[start:start + self.batch_size].tolist()
 
     def __len__(self):
-        return self.per_rank // self.batch_size if self.drop_last else math.ceil(self.per_rank / self.batch_size)
+        return math.ceil(self.per_rank / self.batch_size) if self.fill_last else self.per_rank // self.batch_size
 
 
 class EvalBatchSampler:

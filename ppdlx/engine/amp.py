@@ -116,17 +116,18 @@ def check_gpu_amp(dtype: str, gpu_name: str, capability: tuple, cuda_version: st
                            f"use {fix}")
 
 
-# Paddle's float16 O1 list names conv2d but not depthwise_conv2d (the op a conv with groups ==
-# channels traces, as EfficientNet's and GPUNet's do); an op off the list whose filter is float32 runs
-# in float32, so O1 left those networks' depthwise convolutions float32. Its GPU kernels take float16.
-FLOAT16_WHITE_LIST = {"depthwise_conv2d"}
+# Paddle's O1 lists (float16 and bfloat16 alike) name conv2d but not depthwise_conv2d (the op a conv with
+# groups == channels traces, as EfficientNet's and GPUNet's do); an op off the list whose filter is float32
+# runs in float32, so O1 left those networks' depthwise convolutions float32. Its GPU kernels take float16
+# and bfloat16 (docs/gpu.md cites the registrations).
+LOW_PRECISION_WHITE_LIST = {"depthwise_conv2d"}
 
 
 def autocast(plan: AmpPlan):
     if not plan.enabled:
         return contextlib.nullcontext()
-    white = FLOAT16_WHITE_LIST if plan.dtype == "float16" else None
-    return paddle.amp.auto_cast(True, custom_white_list=white, dtype=plan.dtype, level=plan.level)
+    return paddle.amp.auto_cast(True, custom_white_list=LOW_PRECISION_WHITE_LIST, dtype=plan.dtype,
+                                level=plan.level)
 
 
 def check_numpy_for_loss_scaler(numpy_version: str) -> None:

@@ -34,7 +34,8 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from ppdlx.engine.objectives import mixup
+from ppdlx.data.mixing import MixSpec
+from ppdlx.engine.objectives import mixed
 from ppdlx.errors import ConfigError
 
 log = logging.getLogger("ppdlx")
@@ -112,7 +113,7 @@ class DistillationObjective:
     """``objective(model, batch, epoch, step) -> (loss, n_images)`` with a frozen teacher."""
 
     def __init__(self, criterion, teacher, student_resolution: int, temperature: float = 1.0, weight: float = 1.0,
-                 data_format: str = "NCHW", renormalize=None, mixup_alpha: float = 0.0, seed: int = 0,
+                 data_format: str = "NCHW", renormalize=None, mix: MixSpec = MixSpec(), seed: int = 0,
                  interpolation: str = "bicubic"):
         self.criterion = criterion
         self.teacher = teacher
@@ -120,7 +121,7 @@ class DistillationObjective:
         self.temperature, self.weight = float(temperature), float(weight)
         self.data_format = data_format
         self.interpolation = interpolation
-        self.mixup_alpha, self.seed = mixup_alpha, seed
+        self.mix, self.seed = mix, seed
         self.renormalize = None
         if renormalize is not None:  # (scale, shift): x_teacher = x * scale + shift, per channel
             shape = _channel_shape(data_format)
@@ -157,8 +158,9 @@ class DistillationObjective:
     def __call__(self, model, batch, epoch: int, step: int):
         images, labels = batch
         targets = None
-        if self.mixup_alpha > 0:
-            images, targets = mixup(self.criterion, images, labels, self.mixup_alpha, self.seed, epoch, step)
+        if self.mix.enabled:
+            images, targets = mixed(self.criterion, images, labels, self.mix, self.seed, epoch, step,
+                                    self.data_format == "NHWC")
         logits = model(self.student_input(images))
         ce = self.criterion(logits, targets=targets) if targets is not None else self.criterion(logits, labels)
         kd = self.soft_target_loss(logits, self.teacher_logits(images))
@@ -184,4 +186,4 @@ def build_distillation_objective(cfg, criterion):
              t_res, cfg.model.name, s.crop_size, "" if t_res != s.crop_size else " not needed", d.temperature, d.weight,
              "; batch re-normalised for the teacher" if renorm is not None else "")
     return DistillationObjective(criterion, teacher, s.crop_size, d.temperature, d.weight, cfg.model.data_format,
-                                 renorm, cfg.train.mixup_alpha, cfg.global_.seed)
+                                 renorm, MixSpec.of(cfg.train), cfg.global_.seed)

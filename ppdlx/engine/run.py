@@ -21,6 +21,7 @@ import paddle
 from ppdlx.analysis.data_report import check_before_training
 from ppdlx.config import save_config
 from ppdlx.data.coco_index import sharing_indexes
+from ppdlx.data.mixing import MixSpec
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine import hooks as std
 from ppdlx.engine.amp import build_scaler, check_image_dtype, check_o2_weight_decay, decorate_o2, plan_amp
@@ -173,7 +174,7 @@ def _static_step(cfg, task, plan: RunPlan, model, data, lr_schedule):
     init_state = {n: v.numpy() for n, v in model.state_dict().items()}
     dyn_names = {n: v.name for n, v in model.state_dict().items()}
     return build_static_step(task.program_spec(cfg, data.num_classes), lr_schedule, plan.amp, plan.world_size,
-                             plan.device, init_state, dyn_names, cfg.train.mixup_alpha, cfg.global_.seed,
+                             plan.device, init_state, dyn_names, MixSpec.of(cfg.train), cfg.global_.seed,
                              cfg.ema.decay, cfg.ema.dynamic_decay)
 
 

@@ -14,7 +14,6 @@ __all__ = ["batch_change_line", "build_lr_schedule", "build_optimizer", "flat_op
 
 
 def build_optimizer(cfg, model, lr_schedule, multi_precision=False):
-    groups = param_groups(model, cfg.optimizer.weight_decay, cfg.optimizer.decay_bn_and_bias,
-                          cfg.optimizer.decay_params)
+    groups = param_groups(model, cfg.optimizer.weight_decay, cfg.optimizer.decay_params)
     return flat_optimizer(lambda params: OPTIMIZERS.build(cfg.optimizer.name, lr=lr_schedule, groups=params, cfg=cfg,
                                                           multi_precision=multi_precision), groups)

@@ -7,24 +7,53 @@ import paddle
 from ppdlx.registry import OPTIMIZERS
 
 
+# Which parameters a recipe decays (``optimizer.decay_params``); the others get no weight decay.
+#   all          every parameter
+#   all_but_bn   BatchNorm scales and shifts excluded, biases decay: NVIDIA's Paddle ResNet50
+#                (``bn_weight_decay`` off: ``L2Decay(0.0)`` on BatchNorm parameters only), and TF's
+#                EfficientNet(-Lite) recipe (every variable but batch_normalization's)
+#   all_but_1d   every 1-D parameter excluded (BatchNorm and biases): timm's ``filter_bias_and_bn``
+#   conv_kernels only 4-D parameters (conv, depthwise and pointwise kernels): EfficientDet
+DECAY_PARAMS = ("all", "all_but_bn", "all_but_1d", "conv_kernels")
+BATCH_NORMS = (paddle.nn.BatchNorm, paddle.nn.BatchNorm1D, paddle.nn.BatchNorm2D, paddle.nn.BatchNorm3D,
+               paddle.nn.SyncBatchNorm)
+
+
 def is_no_decay(name: str, param) -> bool:
-    """BN scales/shifts and biases (every 1-D parameter) get no weight decay."""
+    """timm's rule: BN scales/shifts and biases (every 1-D parameter) get no weight decay."""
     return len(param.shape) <= 1
 
 
-def param_groups(model, weight_decay: float, decay_bn_and_bias: bool, decay_params: str = "default"):
-    """``decay_params="conv_kernels"``: only 4-D parameters decay (conv, depthwise and pointwise
-    kernels; not BN, biases, fusion weights or Linear weights), as the EfficientDet recipe."""
-    params = [p for p in model.parameters() if not p.stop_gradient]
+def batch_norm_parameters(model) -> set:
+    """ids of the scale and shift parameters of every BatchNorm layer of ``model``."""
+    return {id(p) for layer in model.sublayers(include_self=True) if isinstance(layer, BATCH_NORMS)
+            for p in layer.parameters(include_sublayers=False)}
+
+
+def decays(model, decay_params: str):
+    """``decays(name, param) -> bool`` for the rule ``decay_params`` (one of ``DECAY_PARAMS``)."""
+    if decay_params == "all":
+        return lambda name, p: True
+    if decay_params == "all_but_bn":
+        bn = batch_norm_parameters(model)
+        return lambda name, p: id(p) not in bn
+    if decay_params == "all_but_1d":
+        return lambda name, p: not is_no_decay(name, p)
     if decay_params == "conv_kernels":
-        no_decay_fn = lambda name, p: len(p.shape) != 4  # noqa: E731
-    else:
-        no_decay_fn = is_no_decay
-    if (decay_bn_and_bias and decay_params == "default") or weight_decay == 0:
+        return lambda name, p: len(p.shape) == 4
+    raise ValueError(f"decay_params must be one of {', '.join(DECAY_PARAMS)}, got {decay_params!r}")
+
+
+def param_groups(model, weight_decay: float, decay_params: str = "all_but_1d"):
+    """``[{"params": decayed, "weight_decay": weight_decay}, {"params": the others, "weight_decay": 0.0}]``
+    (one group when every parameter decays or ``weight_decay`` is 0); ``decay_params`` as ``DECAY_PARAMS``."""
+    params = [p for p in model.parameters() if not p.stop_gradient]
+    rule = decays(model, decay_params)
+    if decay_params == "all" or weight_decay == 0:
         return [{"params": params, "weight_decay": weight_decay}]
     names = {id(p): n for n, p in model.named_parameters()}
-    decay = [p for p in params if not no_decay_fn(names.get(id(p), ""), p)]
-    no_decay = [p for p in params if no_decay_fn(names.get(id(p), ""), p)]
+    decay = [p for p in params if rule(names.get(id(p), ""), p)]
+    no_decay = [p for p in params if not rule(names.get(id(p), ""), p)]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

@@ -394,14 +394,6 @@ def test_gpu_device_on_cpu_build_is_one_line(tree):
     assert "data.dali.device=gpu" in message and "data.dali.device=cpu" in message and "\n" not in message
 
 
-def test_paddle_only_augmentations_are_refused(tree):
-    root, _ = tree
-    with pytest.raises(UnsupportedError, match="data.transforms.random_erasing=0.25 is applied by the paddle.io"):
-        build_classification_loader(_cfg(root, "data.transforms.random_erasing=0.25"), "train")
-    with pytest.raises(UnsupportedError, match="data.transforms.randaugment='rand-m9-mstd0.5' is applied by the"):
-        build_classification_loader(_cfg(root, "data.transforms.randaugment=rand-m9-mstd0.5"), "train")
-
-
 def _plant_unreadable(root, split):
     """A zero-byte JPEG and a truncated real JPEG between valid ones of ``root/split`` (sorted order: the zero-byte
     file right after apple/004.jpg, the truncated one right after mango/005.jpg)."""

@@ -7,9 +7,13 @@ import pytest
 
 pytest.importorskip("nvidia.dali")
 
+import paddle  # noqa: E402
+
 from ppdlx.config import load_config  # noqa: E402
 from ppdlx.data.coco import build_coco_loader  # noqa: E402
 from ppdlx.data.synthetic_coco import make_synthetic_coco  # noqa: E402
+from ppdlx.engine.tasks.detection import detection_targets  # noqa: E402
+from ppdlx.models.detection.target_assigner import assign_targets  # noqa: E402
 from ppdlx.errors import DataError, UnsupportedError  # noqa: E402
 
 
@@ -190,3 +194,29 @@ def test_an_exif_rotated_photo_keeps_its_boxes_on_its_pixels(tmp_path):
         assert int(classes.numpy()[0, 0]) >= 0
         assert np.abs(np.asarray(red, np.float32) - box).max() <= 1.5, (backend, red, box.tolist())
 
+
+
+@pytest.mark.parametrize("backend", ["paddle", "dali"])
+def test_training_batches_carry_the_anchor_targets_assigned_on_the_host(shapes, backend, monkeypatch):
+    """EfficientDet's targets come with the batch (no per-image ``nonzero`` on the device), equal to the loss's
+    own assignment of the batch's boxes; DALI's host arrays reach paddle in one copy per batch."""
+    cfg = _cfg(shapes, f"data.backend={backend}", "model.name=efficientdet_d0")
+    targets = detection_targets(cfg)
+    loader = build_coco_loader(cfg, "train", targets=targets)
+    uploads = []
+    original = paddle.to_tensor
+    monkeypatch.setattr(paddle, "to_tensor", lambda *a, **k: uploads.append(1) or original(*a, **k))
+    batches = list(loader)
+    monkeypatch.setattr(paddle, "to_tensor", original)
+    assert len(batches) == 3 and all(len(b) == 8 for b in batches)
+    if backend == "dali":
+        assert len(uploads) == len(batches)
+    positives = 0
+    for _, boxes, classes, _, _, cls_t, box_t, num_pos in batches:
+        want = assign_targets(paddle.to_tensor(targets.anchors), boxes, classes, backend="paddle")
+        assert cls_t.dtype == paddle.int64 and box_t.shape == [4, len(targets.anchors), 4]
+        np.testing.assert_array_equal(cls_t.numpy(), want[0].numpy())
+        np.testing.assert_allclose(box_t.numpy(), want[1].numpy(), atol=1e-5)
+        np.testing.assert_array_equal(num_pos.numpy(), want[2].numpy())
+        positives += int(num_pos.numpy().sum())
+    assert positives > 20

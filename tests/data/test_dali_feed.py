@@ -16,13 +16,14 @@ def _serialised(graph) -> bytes:
     return dali.pipeline_def(graph)(batch_size=2, num_threads=1, device_id=None).serialize()
 
 
-def _classification_graph(training_random):
+def _classification_graph(training_random, *extra, conditionals=False):
     cfg = resolve_preprocessing(load_config(None, ["data.root=/unused", "data.backend=dali", "data.dali.device=gpu",
                                                    "data.transforms.crop_size=32", "data.transforms.resize_short=36",
-                                                   "model.num_classes=3"]))
+                                                   "model.num_classes=3", *extra]))
     feed = EpochFeed(["/unused.jpg"], [0], 2)
-    return _serialised(lambda: classification._graph(feed, cfg.data.transforms, cfg.data.dali, "NCHW",
-                                                     training_random, "float32"))
+    return dali.pipeline_def(lambda: classification._graph(feed, cfg.data.transforms, "gpu", "NCHW", training_random,
+                                                           "float16"), enable_conditionals=conditionals)(
+        batch_size=2, num_threads=1, device_id=None).serialize()
 
 
 def _coco_graph(training_random):
@@ -42,3 +43,13 @@ def test_gpu_decoders_evaluate_like_libjpeg_and_only_training_reserves_buffers(g
     assert b"device_memory_padding" in training and b"host_memory_padding" in training
     assert b"preallocate_width_hint" in training and b"preallocate_width_hint" not in evaluation
     assert b"jpeg_fancy_upsampling" not in training
+
+
+def test_the_gpu_training_graph_runs_randaugment_and_erasing_on_the_gpu():
+    """GPUNet's recipe on ``data.dali.device=gpu``: RandAugment's warps, colour ops and the erasing mask are GPU
+    operators after the mixed decoder (traced and serialised here; DALI checks the devices of their inputs)."""
+    graph = _classification_graph(True, "data.transforms.randaugment=rand-m9-mstd0.5",
+                                  "data.transforms.random_erasing=0.2", conditionals=True)
+    for op in (b"WarpAffine", b"Rotate", b"Equalize", b"Filter", b"Saturation", b"Brightness", b"Erase", b"Flip"):
+        assert op in graph, op
+    assert graph.count(b"\x12\x03gpu") > 40  # the ops' device fields

@@ -118,9 +118,11 @@ def test_amp_on_a_gpu_too_old_for_its_dtype_is_refused():
     assert "(CUDA False); use amp.dtype=float16" in refusals["NVIDIA A100-SXM4-80GB", "False"]
 
 
-def test_float16_autocast_runs_every_convolution_of_efficientdet_in_float16():
-    """Paddle's float16 O1 list names conv2d but not depthwise_conv2d, which 48 of EfficientDet-D0's 150
-    convolutions trace (groups == channels): with their float32 filters they ran in float32 under O1."""
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_autocast_runs_every_convolution_of_efficientdet_in_low_precision(dtype):
+    """Paddle's O1 lists (float16 and bfloat16) name conv2d but not depthwise_conv2d, which 48 of
+    EfficientDet-D0's 150 convolutions trace (groups == channels): with their float32 filters they ran in
+    float32 under O1."""
     import paddle
 
     from ppdlx.engine.amp import autocast
@@ -129,7 +131,7 @@ def test_float16_autocast_runs_every_convolution_of_efficientdet_in_float16():
     traced = [layer._op_type for layer in model.sublayers() if isinstance(layer, paddle.nn.Conv2D)]
     assert (len(traced), traced.count("depthwise_conv2d")) == (150, 48)
     for level in ("O1", "O2"):
-        with autocast(AmpPlan(True, "float16", level, True)):  # the tracer's lists are set on CPU too
+        with autocast(AmpPlan(True, dtype, level, dtype == "float16")):  # the tracer's lists are set on CPU too
             white, _ = paddle.base.framework._dygraph_tracer()._get_amp_op_list()
         assert set(traced) <= set(white), (level, sorted(set(traced) - set(white)))
 

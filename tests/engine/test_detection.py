@@ -75,7 +75,7 @@ def test_weight_decay_on_conv_kernels_only():
     from ppdlx.models import MODELS
     from ppdlx.optim import param_groups
     model = MODELS.build("efficientdet_d0", num_classes=3, image_size=64)
-    decay, no_decay = param_groups(model, 4e-5, False, "conv_kernels")
+    decay, no_decay = param_groups(model, 4e-5, "conv_kernels")
     assert decay["weight_decay"] == 4e-5 and no_decay["weight_decay"] == 0.0
     assert all(len(p.shape) == 4 for p in decay["params"])
     assert all(len(p.shape) != 4 for p in no_decay["params"])
@@ -83,8 +83,8 @@ def test_weight_decay_on_conv_kernels_only():
     assert any("fusion_weights" in names[id(p)] for p in no_decay["params"])
     n_conv = sum(1 for layer in model.sublayers() if isinstance(layer, paddle.nn.Conv2D))
     assert len(decay["params"]) == n_conv
-    # the default rule still decays every non-1-D parameter
-    d2, _ = param_groups(model, 4e-5, False)
+    # timm's rule (the default) decays every non-1-D parameter
+    d2, _ = param_groups(model, 4e-5)
     assert len(d2["params"]) == n_conv
 
 

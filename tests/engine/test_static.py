@@ -17,6 +17,7 @@ import pytest
 from ppdlx.config import load_config
 from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine.builders import build_model
+from ppdlx.data.mixing import MixSpec, draw_mix
 from ppdlx.engine.hooks import Evaluation
 from ppdlx.engine.run import build_training, plan_training_amp
 from ppdlx.engine.static.step import ProgramModel
@@ -158,9 +159,13 @@ def test_resume_crosses_graph_modes(runs, tiny_tree, tmp_path):
     assert ckpt.load_states(str(tmp_path / "d" / "latest.pdstates"))["global_step"] == 6
 
 
-def test_accumulation_ema_and_mixup_match_dynamic(tiny_tree, tmp_path):
+def test_accumulation_ema_mixup_and_cutmix_match_dynamic(tiny_tree, tmp_path):
     extra = ["data.batch_size=4", "train.accumulate=2", "ema.enabled=true", "ema.decay=0.9",
-             "ema.dynamic_decay=true", "train.mixup_alpha=0.2", "train.epochs=1", "train.steps_per_epoch=3"]
+             "ema.dynamic_decay=true", "train.mixup_alpha=0.2", "train.cutmix_alpha=1.0", "train.epochs=1",
+             "train.steps_per_epoch=3"]
+    cfg = load_config(DEMO, overrides(tiny_tree, tmp_path, "dynamic", *extra))
+    draws = [draw_mix(MixSpec.of(cfg.train), cfg.global_.seed, 0, step, 32, 32) for step in range(3)]
+    assert [d.box[1] > d.box[0] for d in draws] == [False, True, False]  # Mixup, CutMix, Mixup
     results = {}
     for graph in ("dynamic", "static"):
         cfg = load_config(DEMO, overrides(tiny_tree, tmp_path / graph, graph, *extra))

@@ -206,7 +206,7 @@ class PostprocessStep:
     def run(self, rows: List[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
         batch = {name: np.stack([row[name] for row in rows]) for name in self.input_names}
         feeds = {self.scale_name: batch["image_scale"].reshape(-1)} if self.scale_name else {}
-        outputs = complete_outputs(self.meta, "onnxruntime", [batch[n] for n in self.graph_outputs], feeds)
+        outputs = complete_outputs(self.meta, "onnx", [batch[n] for n in self.graph_outputs], feeds)
         sizes = [(int(w), int(h)) for w, h in batch[IMAGE_SIZE]]
         return results(self.meta, clip_to_images(self.meta, outputs, sizes), self.topk, self.score_threshold)
 

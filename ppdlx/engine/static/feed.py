@@ -30,6 +30,11 @@ def as_feed(x, dtype: str, flat: bool = False):
     return x.reshape(-1) if flat else x
 
 
+def feed_shape(x) -> tuple:
+    """Shape of a feed value (``DenseTensor.shape`` is a method)."""
+    return tuple(int(d) for d in (x.shape() if callable(x.shape) else x.shape))
+
+
 def feed_rows(x) -> int:
-    """Leading dimension of a feed value (``DenseTensor.shape`` is a method)."""
-    return int(x.shape()[0] if callable(x.shape) else x.shape[0])
+    """Leading dimension of a feed value."""
+    return feed_shape(x)[0]

@@ -15,6 +15,7 @@ from typing import Tuple
 import numpy as np
 import paddle
 
+from ppdlx.data.mixing import MixDraw
 from ppdlx.engine.amp import AmpPlan
 from ppdlx.engine.static import amp as static_amp
 from ppdlx.engine.static.ir_compat import static_graph, use_pir
@@ -27,9 +28,8 @@ def _probe_feed(pr: Programs, data_format: str, size: int, num_classes: int) -> 
     shape = [2, 3, size, size] if data_format == "NCHW" else [2, size, size, 3]
     half = np.asarray([0.5], np.float32)
     values = {"images": np.random.default_rng(0).standard_normal(shape).astype(np.float32),
-              "labels": np.asarray([0, 1 % num_classes], np.int64), "mix_perm": np.asarray([1, 0], np.int64),
-              "mix_lam": half, "mix_lam_c": half, "ema_decay": half, "ema_rest": half,
-              "apply_now": np.asarray([True])}
+              "labels": np.asarray([0, 1 % num_classes], np.int64), **MixDraw(0.5, 0.5).feed(),
+              "ema_decay": half, "ema_rest": half, "apply_now": np.asarray([True])}
     return {name: values[name] for name in pr.feeds}
 
 

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import paddle
 
+from ppdlx.data.mixing import mix_batch, mix_inputs
 from ppdlx.engine.amp import AmpPlan, autocast
 from ppdlx.engine.static import amp as static_amp
 from ppdlx.engine.static.ir_compat import (both, collective_value, global_var, is_finite_scalar, legacy_ir_ops,
@@ -43,7 +44,7 @@ class ProgramSpec:
     """What tracing needs, without the config.
 
     ``build_model()`` -> a fresh Layer; ``build_loss()`` -> a criterion called as
-    ``loss(logits, labels)`` or ``loss(logits, targets=...)`` with ``targets(labels)`` (mixup);
+    ``loss(logits, labels)`` or ``loss(logits, targets=...)`` with ``targets(labels)`` (Mixup / CutMix);
     ``param_groups(model)`` -> ``ppdlx.optim.param_groups``-style groups; ``build_optimizer(lr,
     params, multi_precision)`` -> the registry optimizer over a flat parameter list;
     ``build_scaler(amp_plan)`` -> the AMP loss scaler the config asks for, or None.
@@ -54,7 +55,7 @@ class ProgramSpec:
     build_optimizer: Callable[[Any, list, bool], Any]
     data_format: str = "NCHW"
     accumulate: int = 1
-    mixup: bool = False
+    mix: bool = False  # Mixup / CutMix: the step feeds each step's draw (ppdlx.data.mixing)
     ema: bool = False
     build_scaler: Callable[[AmpPlan], Any] = lambda amp: None
 
@@ -110,15 +111,11 @@ def build_programs(spec: ProgramSpec, lr_schedule, amp: AmpPlan, world: int) -> 
         labels = paddle.static.data("labels", [None], "int64")
         pr.feeds.update(images=images, labels=labels)
         criterion = spec.build_loss()
-        if spec.mixup:
-            # same arithmetic as ClassificationObjective: lam and the permutation come from its RNG
-            perm = paddle.static.data("mix_perm", [None], "int64")
-            lam = paddle.static.data("mix_lam", [1], "float32")
-            lam_c = paddle.static.data("mix_lam_c", [1], "float32")
-            pr.feeds.update(mix_perm=perm, mix_lam=lam, mix_lam_c=lam_c)
-            mixed = paddle.scale(images, scale=lam) + paddle.scale(paddle.gather(images, perm), scale=lam_c)
-            targets = criterion.targets(labels)
-            targets = paddle.scale(targets, scale=lam) + paddle.scale(paddle.gather(targets, perm), scale=lam_c)
+        if spec.mix:  # ClassificationObjective's arithmetic, the step's draw fed
+            lam, weight, box = mix_inputs()
+            pr.feeds.update(mix_lam=lam, mix_weight=weight, mix_box=box)
+            mixed, targets = mix_batch(images, criterion.targets(labels), lam, weight, box,
+                                       spec.data_format == "NHWC")
             with amp_ctx():
                 logits = model(mixed)
             loss = criterion(logits, targets=targets)

@@ -19,11 +19,11 @@ from typing import Dict, Optional
 import numpy as np
 import paddle
 
+from ppdlx.data.mixing import MixSpec, draw_mix, image_size
 from ppdlx.engine import dist
 from ppdlx.engine.amp import AmpPlan
 from ppdlx.engine.ema import ema_decay
-from ppdlx.engine.objectives import mixup_draw
-from ppdlx.engine.static.feed import as_feed, feed_rows
+from ppdlx.engine.static.feed import as_feed, feed_rows, feed_shape
 from ppdlx.engine.static.ir_compat import static_graph
 from ppdlx.engine.static.program import ProgramSpec, Programs, build_programs
 from ppdlx.engine.static.state import ScopeState, scope_tensor, share_float32_views
@@ -97,11 +97,11 @@ class StaticProgramStep(Step):
     Layer's structured names."""
 
     def __init__(self, pr: Programs, exe, scope, place, lr_schedule, amp: AmpPlan, dyn_names: Dict[str, str],
-                 param_order=(), mixup_alpha: float = 0.0, seed: int = 0, ema_decay_value: float = 0.9999,
-                 ema_dynamic_decay: bool = False):
+                 param_order=(), mix: MixSpec = MixSpec(), seed: int = 0, ema_decay_value: float = 0.9999,
+                 ema_dynamic_decay: bool = False, channels_last: bool = False):
         self.pr, self.exe, self.scope, self.place = pr, exe, scope, place
         self.lr_schedule, self.amp = lr_schedule, amp
-        self.mixup_alpha, self.seed = mixup_alpha, seed
+        self.mix, self.seed, self.channels_last = mix, seed, channels_last
         self.var_names = {n: v.name for n, v in pr.model.state_dict().items()}  # structured -> scope name
         self.dyn_names = dyn_names  # structured -> the dynamic model's parameter names (.pdopt keys)
         self.state = ScopeState(scope, place, self.var_names, dyn_names, pr.optimizer, param_order,
@@ -148,11 +148,9 @@ class StaticProgramStep(Step):
     def feed(self, batch, last_of_window: bool) -> dict:
         images, labels = batch[0], batch[1]
         feed = {"images": as_feed(images, "float32"), "labels": as_feed(labels, "int64", flat=True)}
-        if self.mixup_alpha > 0:  # the dynamic objective's draw: the same lam and permutation per step
-            lam, feed["mix_perm"] = mixup_draw(self.mixup_alpha, self.seed, *self._progress(),
-                                               feed_rows(feed["images"]))
-            feed["mix_lam"] = np.asarray([lam], np.float32)
-            feed["mix_lam_c"] = np.asarray([1.0 - lam], np.float32)
+        if self.mix.enabled:  # the dynamic objective's draw: the same Mixup / CutMix per step
+            size = image_size(feed_shape(feed["images"]), self.channels_last)
+            feed.update(draw_mix(self.mix, self.seed, *self._progress(), *size).feed())
         if "apply_now" in self.pr.feeds:
             feed["apply_now"] = np.asarray([last_of_window])
         if "ema_decay" in self.pr.feeds:
@@ -252,7 +250,7 @@ class StaticProgramStep(Step):
 
 def build_static_step(spec: ProgramSpec, lr_schedule, amp: AmpPlan, world: int, device: str,
                       init_state: Optional[dict] = None, dyn_names: Optional[Dict[str, str]] = None,
-                      mixup_alpha: float = 0.0, seed: int = 0, ema_decay_value: float = 0.9999,
+                      mix: MixSpec = MixSpec(), seed: int = 0, ema_decay_value: float = 0.9999,
                       ema_dynamic_decay: bool = False) -> StaticProgramStep:
     """Trace the programs, run the startup program in a fresh scope, then load ``init_state`` (the
     dynamic model's initial or loaded weights; the EMA starts from them, as ``ModelEMA`` does).
@@ -266,8 +264,8 @@ def build_static_step(spec: ProgramSpec, lr_schedule, amp: AmpPlan, world: int, 
             exe.run(pr.startup, scope=scope)
     param_order = [p.name for g in spec.param_groups(pr.model) for p in g["params"]]
     names = dyn_names or {n: v.name for n, v in pr.model.state_dict().items()}
-    step = StaticProgramStep(pr, exe, scope, place, lr_schedule, amp, names, param_order, mixup_alpha, seed,
-                             ema_decay_value, ema_dynamic_decay)
+    step = StaticProgramStep(pr, exe, scope, place, lr_schedule, amp, names, param_order, mix, seed,
+                             ema_decay_value, ema_dynamic_decay, spec.data_format == "NHWC")
     if init_state is not None:
         step.set_model_state(init_state)
         for n, s in pr.ema_shadow.items():

@@ -4,10 +4,10 @@ training class list, which evaluation, resume and export check against the class
 (``class_list``)."""
 from __future__ import annotations
 
-import inspect
 import os
 
 from ppdlx.data.loader import build_classification_loader
+from ppdlx.data.mixing import MixSpec
 from ppdlx.engine.amp import build_scaler
 from ppdlx.engine.builders import build_model
 from ppdlx.engine.evaluator import ClassificationEvaluator
@@ -28,12 +28,8 @@ def classes_of(loader):
 
 
 def optimizer_groups(cfg, model):
-    """``ppdlx.optim.param_groups`` for this config (whichever optional knobs it takes)."""
-    o = cfg.optimizer
-    kwargs = {}
-    if "decay_params" in inspect.signature(param_groups).parameters and hasattr(o, "decay_params"):
-        kwargs["decay_params"] = o.decay_params
-    return param_groups(model, o.weight_decay, o.decay_bn_and_bias, **kwargs)
+    """``ppdlx.optim.param_groups`` for this config."""
+    return param_groups(model, cfg.optimizer.weight_decay, cfg.optimizer.decay_params)
 
 
 class Classification(Task):
@@ -84,7 +80,7 @@ class Classification(Task):
         if cfg.distill.enabled:
             from ppdlx.engine.distill import build_distillation_objective
             return build_distillation_objective(cfg, criterion)
-        return ClassificationObjective(criterion, cfg.train.mixup_alpha, cfg.global_.seed)
+        return ClassificationObjective(criterion, MixSpec.of(cfg.train), cfg.global_.seed, cfg.model.data_format)
 
     def build_evaluator(self, cfg, model, val_loader, rank: int, world: int):
         return ClassificationEvaluator(val_loader, cfg.eval.topk)
@@ -114,7 +110,7 @@ class Classification(Task):
             param_groups=lambda model: optimizer_groups(cfg, model),
             build_optimizer=lambda lr, params, multi_precision: OPTIMIZERS.build(
                 cfg.optimizer.name, lr=lr, groups=params, cfg=cfg, multi_precision=multi_precision),
-            data_format=cfg.model.data_format, accumulate=cfg.train.accumulate, mixup=cfg.train.mixup_alpha > 0,
+            data_format=cfg.model.data_format, accumulate=cfg.train.accumulate, mix=MixSpec.of(cfg.train).enabled,
             ema=cfg.ema.enabled, build_scaler=lambda amp: build_scaler(amp, cfg.amp))
 
     def export_spec(self, cfg, model) -> dict:

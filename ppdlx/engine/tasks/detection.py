@@ -25,6 +25,7 @@ from ppdlx.engine.builders import build_registered, check_builder_args, with_qua
 from ppdlx.engine.coco_eval import STAT_KEYS, CocoEvaluator
 from ppdlx.engine.tasks.base import Task, TaskData
 from ppdlx.errors import ConfigError, UnsupportedError
+from ppdlx.models.detection import EfficientDetLoss
 from ppdlx.registry import MODELS, TASKS
 
 log = logging.getLogger("ppdlx")
@@ -42,7 +43,10 @@ class DetectionObjective:
         images, gt_boxes, gt_classes = batch[0], batch[1], batch[2]
         outputs = model(images)
         cls_flat, box_flat = self.loss_fn.flatten(outputs)
-        cls_t, box_t, num_pos = self.loss_fn.assign(gt_boxes, gt_classes)
+        if len(batch) > 5:  # assigned by the training loader on the host (detection_targets)
+            cls_t, box_t, num_pos = batch[5], batch[6], batch[7]
+        else:
+            cls_t, box_t, num_pos = self.loss_fn.assign(gt_boxes, gt_classes)
         num_pos = num_pos.sum()
         if self.world_size > 1:
             import paddle.distributed as pdist
@@ -53,6 +57,14 @@ class DetectionObjective:
                                                 cls_t, box_t, num_pos)
         self.last = losses
         return losses["total"], int(images.shape[0])
+
+
+def detection_targets(cfg):
+    """The training loader's host target assigner: the anchors of the configured model (built under
+    ``paddle.LazyGuard``, no weights, in a name scope of its own) matched as ``EfficientDetLoss`` does."""
+    with paddle.utils.unique_name.guard(), paddle.LazyGuard():
+        model = build_detection_model(cfg, cfg.model.num_classes)
+    return EfficientDetLoss.from_model(model).host_targets()
 
 
 def check_num_classes(cfg, loader) -> int:
@@ -168,11 +180,12 @@ class Detection(Task):
 
     def validate(self, cfg) -> None:
         super().validate(cfg)
-        if cfg.train.mixup_alpha > 0:
-            raise UnsupportedError("train.mixup_alpha: mixup is classification-only; set train.mixup_alpha=0")
+        if cfg.train.mixup_alpha > 0 or cfg.train.cutmix_alpha > 0:
+            raise UnsupportedError("train.mixup_alpha / train.cutmix_alpha: Mixup and CutMix are classification-only; "
+                                   "set both to 0")
 
     def build_data(self, cfg, rank: int, world: int) -> TaskData:
-        train_loader = build_coco_loader(cfg, "train", rank, world)
+        train_loader = build_coco_loader(cfg, "train", rank, world, targets=detection_targets(cfg))
         num_classes = check_num_classes(cfg, train_loader)
         val_loader = build_coco_loader(cfg, "val", rank, world, batch_size=cfg.eval.batch_size,
                                        cat_ids=train_loader.cat_ids)
@@ -191,7 +204,6 @@ class Detection(Task):
                      "statistics", d.freeze_bn_max_pixels, frozen, d.freeze_bn_max_pixels)
 
     def build_objective(self, cfg, model, data: TaskData, world: int):
-        from ppdlx.models.detection import EfficientDetLoss
         return DetectionObjective(EfficientDetLoss.from_model(model), world)
 
     def build_evaluator(self, cfg, model, val_loader, rank: int, world: int):

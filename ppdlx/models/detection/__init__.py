@@ -6,4 +6,4 @@ from ppdlx.models.detection.box_coder import decode_boxes, decode_boxes_np, enco
 from ppdlx.models.detection.det_loss import EfficientDetLoss, focal_loss, huber_loss  # noqa: F401
 from ppdlx.models.detection.det_postprocess import EfficientDetPostProcess  # noqa: F401
 from ppdlx.models.detection.nms import multiclass_hard_nms, multiclass_soft_nms_np, soft_nms_np  # noqa: F401
-from ppdlx.models.detection.target_assigner import assign_targets, assign_targets_np, box_iou  # noqa: F401
+from ppdlx.models.detection.target_assigner import HostTargets, assign_targets, assign_targets_np, box_iou  # noqa: F401

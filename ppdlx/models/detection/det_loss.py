@@ -13,7 +13,7 @@ import paddle.nn.functional as F
 
 from ppdlx.errors import ConfigError
 from ppdlx.models.detection.anchors import DEFAULT_ASPECT_RATIOS, flatten_head_outputs, generate_anchors
-from ppdlx.models.detection.target_assigner import IGNORED, assign_targets
+from ppdlx.models.detection.target_assigner import IGNORED, HostTargets, assign_targets
 
 
 def focal_loss(logits, targets, alpha=0.25, gamma=1.5, label_smoothing=0.0):
@@ -81,6 +81,11 @@ class EfficientDetLoss:
         if key not in self._anchors:
             self._anchors[key] = paddle.to_tensor(generate_anchors(key, **self.anchor_args))
         return self._anchors[key]
+
+    def host_targets(self, image_size=None) -> HostTargets:
+        """The same assignment on the host (numpy), for the data pipeline (``yxyx`` boxes)."""
+        return HostTargets(generate_anchors(image_size or self.image_size, **self.anchor_args),
+                           self.matched_threshold, self.unmatched_threshold)
 
     def __call__(self, outputs, gt_boxes, gt_classes, image_size=None):
         cls_flat, box_flat = self.flatten(outputs)

@@ -49,10 +49,8 @@ def assign_targets(anchors, gt_boxes, gt_classes, matched_threshold=0.5, unmatch
     gt_boxes = gt_boxes.astype("float32")
     gt_classes = gt_classes.astype("int64")
     if backend == "numpy" or (backend == "auto" and gt_boxes.place.is_cpu_place()):
-        a, b, c = anchors.numpy(), gt_boxes.numpy(), gt_classes.numpy()
-        outs = [assign_targets_np(a, b[i], c[i], matched_threshold, unmatched_threshold) for i in range(len(c))]
-        return (paddle.to_tensor(np.stack([o[0] for o in outs])), paddle.to_tensor(np.stack([o[1] for o in outs])),
-                paddle.to_tensor(np.asarray([o[2] for o in outs], np.float32)))
+        host = HostTargets(anchors.numpy(), matched_threshold, unmatched_threshold)
+        return tuple(paddle.to_tensor(t) for t in host(gt_boxes.numpy(), gt_classes.numpy()))
     outs = [_assign_one(anchors, gt_boxes[i], gt_classes[i], matched_threshold, unmatched_threshold)
             for i in range(gt_classes.shape[0])]
     return tuple(paddle.stack(t) for t in zip(*outs))
@@ -119,3 +117,22 @@ def assign_targets_np(anchors, gt_boxes, gt_classes, matched_threshold=0.5, unma
     cls_targets[positive] = gt_classes[match[positive]]
     box_targets[positive] = encode_boxes_np(gt_boxes[match[positive]], anchors[positive])
     return cls_targets, box_targets, int(positive.sum())
+
+
+class HostTargets:
+    """``assign_targets_np`` over a padded batch, for a data pipeline: ``(gt_boxes [N, M, 4], gt_classes [N, M])``
+    numpy -> ``(cls_targets [N, A] int64, box_targets [N, A, 4] float32, num_positives [N] float32)``.
+
+    The boxes are host data in the loader already: assigned there (in the paddle.io workers, or on the DALI
+    loader's host side), a GPU step has no per-image ``nonzero`` whose length it must read back.
+    """
+
+    def __init__(self, anchors, matched_threshold=0.5, unmatched_threshold=0.5):
+        self.anchors = np.asarray(anchors, np.float32)
+        self.matched_threshold, self.unmatched_threshold = matched_threshold, unmatched_threshold
+
+    def __call__(self, gt_boxes, gt_classes):
+        outs = [assign_targets_np(self.anchors, boxes, classes, self.matched_threshold, self.unmatched_threshold)
+                for boxes, classes in zip(gt_boxes, gt_classes)]
+        return (np.stack([o[0] for o in outs]), np.stack([o[1] for o in outs]),
+                np.asarray([o[2] for o in outs], np.float32))
