@@ -307,6 +307,11 @@ class AspConfig(Section):
     layer_types: Tuple[Literal["conv2d", "linear"], ...] = ("conv2d", "linear")
 
 
+class QatConfig(Section):  # quantization-aware training (ppdlx.quantization.qat, docs/int8.md)
+    enabled: bool = False  # activation ranges: moving average (at moving_rate) of each batch's abs max
+    moving_rate: float = Field(0.9, gt=0.0, lt=1.0)
+
+
 class DistillConfig(Section):
     enabled: bool = False
     teacher_config: Optional[str] = None
@@ -352,12 +357,12 @@ class DetectionConfig(Section):
 class ExportConfig(Section):
     output_dir: Optional[str] = None
     output: Literal["logits", "probabilities"] = "logits"
-    # the exported graph's layout, whatever model.data_format trained in (weights are the same in
-    # both): paddle2onnx and paddle.tensorrt convert convolutions as NCHW only, so an NHWC graph
-    # serves Paddle Inference's own GPU and CPU kernels alone
+    # the exported graph's layout, whatever model.data_format trained in (the same weights): paddle2onnx and
+    # paddle.tensorrt convert convolutions as NCHW only, so an NHWC graph serves Paddle Inference's kernels alone
     data_format: Literal["NCHW", "NHWC"] = "NCHW"
     onnx: bool = False
     opset: int = Field(13, ge=7)
+    int8_activation_headroom: Optional[float] = Field(None, ge=1.0)  # QAT int8 program; null: 2 without VNNI
 
 
 class Config(Section):
@@ -371,6 +376,7 @@ class Config(Section):
     amp: AmpConfig = Field(default_factory=AmpConfig)
     ema: EmaConfig = Field(default_factory=EmaConfig)
     asp: AspConfig = Field(default_factory=AspConfig)
+    qat: QatConfig = Field(default_factory=QatConfig)
     distill: DistillConfig = Field(default_factory=DistillConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     detection: DetectionConfig = Field(default_factory=DetectionConfig)

@@ -37,6 +37,7 @@ from ppdlx.engine.tasks import task_of
 from ppdlx.engine.trainer import Trainer, optimizer_steps_per_epoch
 from ppdlx.errors import ConfigError
 from ppdlx.optim import batch_change_line, build_lr_schedule, build_optimizer, global_batch_record, scaled_lr
+from ppdlx.quantization import qat
 
 log = logging.getLogger("ppdlx")
 ANALYSIS_MAX_SCORES = 1 << 22  # val images x classes of logits kept for the end-of-training analysis
@@ -89,6 +90,7 @@ def _assemble_training(cfg, hooks, amp, task, env, resume_path) -> Trainer:
     with names:
         amp = amp or plan_training_amp(resolved, env.device, fast_kernels, env.cpu_threads)
         check_o2_weight_decay(amp, cfg.optimizer)
+        qat.check_training(cfg.qat.enabled, amp.enabled, amp.level)
         plan = RunPlan(env.rank, env.world_size, env.device, env.cpu_threads, graph,
                        "dygraph" if graph == "dynamic" else _static_ir(), data_format, fast_kernels, amp, preprocess)
         run_cfg = plan.configure(resolved)
@@ -99,6 +101,8 @@ def _assemble_training(cfg, hooks, amp, task, env, resume_path) -> Trainer:
         seed_everything(cfg.global_.seed)
         data = task.build_data(run_cfg, env.rank, env.world_size)
         model = task.build_model(run_cfg, data.num_classes)
+        if cfg.qat.enabled:
+            log.info(qat.describe(model, cfg.qat.moving_rate))
         if fast_kernels:
             use_fast_cpu_kernels(model, bf16=amp.cpu_bf16_convs)
         task.prepare_model(run_cfg, model)

@@ -26,10 +26,13 @@ class Bottleneck(nn.Layer):
         self.shortcut = None
         if stride != 1 or in_ch != out_ch:
             self.shortcut = ConvNormAct(in_ch, out_ch, 1, stride=stride, act=None, data_format=data_format)
+        # An identity unless the model is quantized: then the residual input is fake-quantized before the
+        # add, where NVIDIA's QAT (quant_aware's AddQuantDequantForResidual) quantizes it (ppdlx.quantization).
+        self.residual_quant = nn.quant.Stub()
         self.relu = nn.ReLU()
 
     def forward(self, x):
-        identity = x if self.shortcut is None else self.shortcut(x)
+        identity = self.residual_quant(x if self.shortcut is None else self.shortcut(x))
         return self.relu(self.conv3(self.conv2(self.conv1(x))) + identity)
 
 

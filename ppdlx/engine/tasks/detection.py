@@ -21,7 +21,7 @@ import numpy as np
 import paddle
 
 from ppdlx.data.coco import build_coco_loader, coco_paths
-from ppdlx.engine.builders import build_registered, check_builder_args
+from ppdlx.engine.builders import build_registered, check_builder_args, with_quantization
 from ppdlx.engine.coco_eval import STAT_KEYS, CocoEvaluator
 from ppdlx.engine.tasks.base import Task, TaskData
 from ppdlx.errors import ConfigError, UnsupportedError
@@ -90,7 +90,7 @@ def build_detection_model(cfg, num_classes: int):
                           f"drop model.args.image_size (the data's size is used)")
     args["image_size"] = size
     check_builder_args(m.name, args)
-    return build_registered(m.name, num_classes, {"data_format": m.data_format, **args})
+    return with_quantization(cfg, build_registered(m.name, num_classes, {"data_format": m.data_format, **args}))
 
 
 def set_bn_momentum(model, momentum: float) -> int:
