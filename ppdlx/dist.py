@@ -10,6 +10,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
 from paddle.nn.layer.norm import _BatchNormBase
+from paddle.quantization.quanters.abs_max import FakeQuanterWithAbsMaxObserverLayer
 
 from ppdlx.errors import ConfigError, PpdlxError, UnsupportedError
 
@@ -68,12 +69,16 @@ def all_reduce_min_(tensor) -> None:
 
 def running_statistics(layer) -> dict:
     """Structured name -> tensor of every running statistic of ``layer``: BatchNorm means and
-    variances (Paddle keeps them as parameters with stop_gradient) and floating buffers."""
+    variances (Paddle keeps them as parameters with stop_gradient), the activation ranges of a
+    quantization-aware-trained model (moving averages of each rank's batches, like BatchNorm's) and
+    floating buffers."""
     found = {}
     for prefix, sub in layer.named_sublayers(include_self=True):
         dot = f"{prefix}." if prefix else ""
         if isinstance(sub, _BatchNormBase):
             found[f"{dot}_mean"], found[f"{dot}_variance"] = sub._mean, sub._variance
+        if isinstance(sub, FakeQuanterWithAbsMaxObserverLayer):
+            found[f"{dot}_scale"], found[f"{dot}_state"], found[f"{dot}_accum"] = sub._scale, sub._state, sub._accum
         for name, value in sub._buffers.items():
             if value is not None and paddle.is_floating_point(value):
                 found[f"{dot}{name}"] = value

@@ -19,8 +19,9 @@ def main():
     parser.add_argument("--output-dir", help="export directory (default: export.output_dir)")
     parser.add_argument("--onnx", action="store_true", default=None,
                         help="also write inference.onnx (paddle2onnx) and check it with onnxruntime")
-    parser.add_argument("--format", choices=("pir", "program"), default="pir",
-                        help="pir: inference.json (Paddle 3 default); program: legacy inference.pdmodel")
+    parser.add_argument("--format", choices=("pir", "program"),
+                        help="pir: inference.json (Paddle 3 default); program: legacy inference.pdmodel (default for "
+                             "a qat.enabled classifier: its int8 program)")
     parser.add_argument("--labels", help="class names, one per line (default: the data's class folders / COCO "
                                          "categories, else classes.json next to model.weights)")
     parser.add_argument("--no-check", action="store_true", help="skip the Paddle Inference vs dynamic check")

@@ -16,7 +16,8 @@ from _cli import config_parser, load, run, write_report
 
 
 def main():
-    from ppdlx.quantization import ALGOS, DEFAULT_ALGO, DEFAULT_BATCH_SIZE, DEFAULT_MIN_AGREEMENT, DEFAULT_NUM_IMAGES
+    from ppdlx.quantization.ptq import (ALGOS, DEFAULT_ALGO, DEFAULT_BATCH_SIZE, DEFAULT_MIN_AGREEMENT,
+                                       DEFAULT_NUM_IMAGES)
     parser = config_parser(__doc__)
     parser.add_argument("--calib-images", required=True, help="calibration images (any depth; e.g. data.root/train)")
     parser.add_argument("--output-dir", required=True, help="where the int8 export is written")
@@ -49,7 +50,8 @@ def main():
     from ppdlx.export import export_model, read_labels
     from ppdlx.export.api import require_weights
     require_weights(cfg, args.random_weights, "quantise")
-    from ppdlx.quantization import check_output_dir, labelled_images, list_images, quantize
+    from ppdlx.quantization.images import labelled_images, list_images
+    from ppdlx.quantization.ptq import check_output_dir, quantize
     list_images(args.calib_images)  # a missing or empty directory is one line now, not after the export
     from ppdlx.export.files import ensure_output_dir
     ensure_output_dir(args.output_dir)  # an unwritable output is one line now, not after the calibration
@@ -95,7 +97,7 @@ def main():
             print(line)
         print(f"meta: {report['meta_file']}")
         if args.benchmark_rounds:
-            from ppdlx.quantization.bench import compare_latency, format_latency
+            from benchmarks.infer_int8 import compare_latency, format_latency
             report["latency"] = compare_latency(fp32_dir, args.output_dir, sizes, rounds=args.benchmark_rounds,
                                                 threads=args.benchmark_threads,
                                                 progress=lambda line: print(line, flush=True))

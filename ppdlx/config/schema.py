@@ -5,7 +5,7 @@ Unknown keys and wrong types are rejected (``extra="forbid"``, strict-ish types)
 the key path, the bad value and a "did you mean".
 
 A loaded config is frozen: assigning to a key raises, and its lists and mappings are tuples and
-read-only dicts (``FrozenDict``), so nothing changes it in place. A changed copy is
+read-only dicts (``ppdlx.config.frozen.FrozenDict``), so nothing changes it in place. A changed copy is
 ``cfg.replace({"data.backend": "paddle"})`` (validated like a loaded one); what a run decides at
 run time (data layout, AMP, threads) is its plan (``ppdlx.engine.plan``), not the config.
 """
@@ -17,6 +17,7 @@ from typing import Any, Literal, Mapping, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ppdlx.config.frozen import deep_freeze
 from ppdlx.config.randaugment import parse_rand_augment
 from ppdlx.errors import ConfigError
 
@@ -30,31 +31,6 @@ class Section(BaseModel):
         path = ".".join(filter(None, (_section_path(type(self)), name)))
         raise ConfigError(f"the config is frozen after loading (cannot set {path} = {value!r}); make a changed "
                           f"copy with cfg.replace({{{path!r}: ...}})")
-
-
-class FrozenDict(dict):
-    """A dict whose contents cannot change (a ``MappingProxyType`` would be, but cannot be pickled
-    or deep-copied, which passing a config to worker processes needs)."""
-    __slots__ = ()
-
-    def _frozen(self, *args, **kwargs):
-        raise ConfigError("the config is frozen after loading (cannot change a mapping in it in place); make a "
-                          "changed copy with cfg.replace({'key.path': ...})")
-
-    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _frozen
-
-    def __reduce__(self):
-        return type(self), (dict(self),)
-
-
-def _deep_freeze(value):
-    """Mappings as :class:`FrozenDict` and lists as tuples, all the way down: a frozen section's
-    containers must not be changeable in place either."""
-    if isinstance(value, Mapping):
-        return FrozenDict({k: _deep_freeze(v) for k, v in value.items()})
-    if isinstance(value, (list, tuple)):
-        return tuple(_deep_freeze(v) for v in value)
-    return value
 
 
 def _section_path(cls, root=None, prefix="") -> str:
@@ -108,7 +84,7 @@ class ModelConfig(Section):
     @field_validator("args", mode="after")
     @classmethod
     def _freeze_args(cls, value):
-        return _deep_freeze(value)
+        return deep_freeze(value)
 
 
 # in 0..255, as data.transforms holds them: the fix a wrong mean/std message suggests
@@ -307,6 +283,11 @@ class AspConfig(Section):
     layer_types: Tuple[Literal["conv2d", "linear"], ...] = ("conv2d", "linear")
 
 
+class QatConfig(Section):  # quantization-aware training (ppdlx.models.qat, docs/int8.md)
+    enabled: bool = False  # activation ranges: moving average (at moving_rate) of each batch's abs max
+    moving_rate: float = Field(0.9, gt=0.0, lt=1.0)
+
+
 class DistillConfig(Section):
     enabled: bool = False
     teacher_config: Optional[str] = None
@@ -352,12 +333,12 @@ class DetectionConfig(Section):
 class ExportConfig(Section):
     output_dir: Optional[str] = None
     output: Literal["logits", "probabilities"] = "logits"
-    # the exported graph's layout, whatever model.data_format trained in (weights are the same in
-    # both): paddle2onnx and paddle.tensorrt convert convolutions as NCHW only, so an NHWC graph
-    # serves Paddle Inference's own GPU and CPU kernels alone
+    # the exported graph's layout, whatever model.data_format trained in (the same weights): paddle2onnx and
+    # paddle.tensorrt convert convolutions as NCHW only, so an NHWC graph serves Paddle Inference's kernels alone
     data_format: Literal["NCHW", "NHWC"] = "NCHW"
     onnx: bool = False
     opset: int = Field(13, ge=7)
+    int8_activation_headroom: Optional[float] = Field(None, ge=1.0)  # QAT int8 program; null: 2 without VNNI
 
 
 class Config(Section):
@@ -371,6 +352,7 @@ class Config(Section):
     amp: AmpConfig = Field(default_factory=AmpConfig)
     ema: EmaConfig = Field(default_factory=EmaConfig)
     asp: AspConfig = Field(default_factory=AspConfig)
+    qat: QatConfig = Field(default_factory=QatConfig)
     distill: DistillConfig = Field(default_factory=DistillConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     detection: DetectionConfig = Field(default_factory=DetectionConfig)

@@ -85,7 +85,8 @@ def start_run(cfg, collective_programs: bool = False) -> RunEnv:
 
 def plan_cpu_kernels(cfg, device: str) -> tuple[bool, str]:
     """``(fast kernels on, data layout)`` for a training run: the fast CPU kernels train in NHWC."""
-    on = plan_fast_cpu_kernels(cfg.global_.cpu_fast_kernels, device, cfg.train.graph, cfg.distill.enabled)
+    on = plan_fast_cpu_kernels(cfg.global_.cpu_fast_kernels, device, cfg.train.graph, cfg.distill.enabled,
+                               cfg.qat.enabled)
     if on and cfg.model.data_format != "NHWC":
         log.info("global.cpu_fast_kernels: training in NHWC on CPU (model.data_format was %s; checkpoints "
                  "are layout-free; global.cpu_fast_kernels=false keeps it)", cfg.model.data_format)

@@ -41,6 +41,7 @@ from ppdlx.engine.trainer import Trainer, optimizer_steps_per_epoch
 from ppdlx.errors import ConfigError
 from ppdlx.layers import layer_config
 from ppdlx.layers.cpu_kernels import kernel_counts, kernel_line
+from ppdlx.models import qat
 from ppdlx.models.info import count_trainable_params
 from ppdlx.optim import (batch_change_line, build_lr_schedule, build_optimizer, global_batch_record, optimizer_groups,
                          scaled_lr)
@@ -127,6 +128,7 @@ class TrainingRun:
         self.cfg = cfg = with_layout(resolved, data_format)
         amp = self.forced_amp or plan_training_amp(cfg, env.device, fast_kernels, env.cpu_threads)
         check_o2_weight_decay(amp, cfg.optimizer)
+        qat.check_training(cfg.qat.enabled, amp.enabled, amp.level)
         graph = cfg.train.graph
         plan = RunPlan(env.rank, env.world_size, env.device, env.cpu_threads, graph,
                        "dygraph" if graph == "dynamic" else ir_name(), data_format, fast_kernels, amp, preprocess)
@@ -145,6 +147,8 @@ class TrainingRun:
         cfg = self.cfg
         with layer_config(self.plan.layer_config):
             model = self.task.build_model(cfg, self.data.num_classes)
+        if cfg.qat.enabled:
+            log.info(qat.describe(model, cfg.qat.moving_rate))
         if self.plan.fast_cpu_kernels:
             log.info(kernel_line(kernel_counts(model), keep_freed_memory()))
         self.task.prepare_model(cfg, model)

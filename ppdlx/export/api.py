@@ -16,10 +16,13 @@ from ppdlx.checkpoint import load_weights
 from ppdlx.dist import seed_everything
 from ppdlx.engine.step import check_finite_weights
 from ppdlx.errors import ConfigError, UnsupportedError, paddle_error_line
-from ppdlx.export.families import export_graph, export_onnx_target
+from ppdlx.export.families import default_format, export_graph, export_onnx_target
 from ppdlx.export.files import ensure_output_dir, file_records, publish_export, staged_export
+from ppdlx.export.int8 import int8_program_facts, is_quantized_program, qat_section
 from ppdlx.export.meta import META_FILE, TRT_MIN_SUBGRAPH_SIZE, build_meta, trt_suggestion, write_meta
+from ppdlx.export.onednn_int8 import ONEDNN_INT8_OPS, default_headroom
 from ppdlx.export.paddle_export import PaddleInferenceRunner, random_feeds, run_dynamic
+from ppdlx.models.qat import is_quantized
 from ppdlx.registry import TASKS
 from ppdlx.tasks import task_of
 from ppdlx.tasks.preprocess import resolve_preprocessing
@@ -137,6 +140,27 @@ def apply_evaluation_statistics(cfg, model) -> int:
     return task_of(cfg).evaluation_statistics(cfg, model, "export")
 
 
+def int8_headroom(setting) -> tuple:
+    """``(factor, reason)`` of a QAT int8 program's activation ranges: ``export.int8_activation_headroom``, or
+    this CPU's need (:func:`ppdlx.export.onednn_int8.default_headroom`)."""
+    return (float(setting), "export.int8_activation_headroom") if setting else default_headroom()
+
+
+def qat_meta(model, files, target, headroom) -> dict:
+    """``inference.yml``'s ``precision`` (an int8 Paddle program) and ``quantization`` of a
+    quantization-aware-trained model's export."""
+    int8_program = is_quantized_program(files)
+    onnx = (target.meta_section or {}).get("qdq") if target is not None else None
+    factor = headroom[0] if int8_program else 1.0
+    section = qat_section(model, int8_program_facts(files) if int8_program else None, onnx, ONEDNN_INT8_OPS,
+                          {"factor": factor, "reason": headroom[1] if int8_program else "no int8 program"})
+    if not int8_program:
+        section["program"] = ("float: the same weights without quantize ops; the detector's post-processing traces "
+                              "into PIR only, whose CPU passes drop quantize ops (docs/int8.md); its int8 graph is "
+                              "inference.onnx")
+    return {"precision": "int8", "quantization": section} if int8_program else {"quantization": section}
+
+
 def _program_outputs(runner: PaddleInferenceRunner, inputs: Sequence[dict], roles: Sequence[str]) -> List[dict]:
     """The saved program's outputs with their roles, after checking its inputs and output count."""
     if runner.input_names != [i["name"] for i in inputs]:
@@ -173,14 +197,15 @@ def on_cpu():
 
 
 def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] = None, onnx: Optional[bool] = None,
-                 labels: Optional[Sequence[str]] = None, fmt: str = "pir", model=None, check: bool = True,
+                 labels: Optional[Sequence[str]] = None, fmt: Optional[str] = None, model=None, check: bool = True,
                  check_batch_sizes: Sequence[int] = (1, 2), atol: float = 1e-4, rtol: float = 1e-4,
                  trt_opt_batch: Optional[int] = None, trt_max_batch: Optional[int] = None,
                  threads: int = 1, export_spec: Optional[dict] = None) -> dict:
     """Export ``cfg.model`` to ``output_dir`` (default ``cfg.export.output_dir`` or
     ``<global.output_dir>/inference``). ``model`` overrides building from the config (tests).
     ``export_spec`` (see :mod:`ppdlx.export.families`) says what the model is and how it is fed and
-    read; without one the config's task plug-in supplies it.
+    read; without one the config's task plug-in supplies it. ``fmt`` (``pir`` | ``program``) defaults to
+    ``pir``, and to ``program`` for a quantization-aware-trained classifier (its int8 program).
 
     Returns a report: files, I/O, max abs diffs (Paddle Inference and ONNX vs dynamic).
     """
@@ -205,9 +230,12 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
         if export_spec is None:
             export_spec = task_of(cfg).export_spec(cfg, model)
         spec = export_spec
-        graph = export_graph(model, spec, staging, data_format, fmt)
+        if fmt is None:
+            fmt = default_format(model, spec)
+        headroom = int8_headroom(cfg.export.int8_activation_headroom) if is_quantized(model) else None
+        graph = export_graph(model, spec, staging, data_format, fmt, headroom[0] if headroom else 1.0)
         files, inputs = graph.files, graph.inputs
-        runner = PaddleInferenceRunner(files, threads=threads)
+        runner = PaddleInferenceRunner(files, threads=threads, ir_optim=not is_quantized_program(files))
         outputs = _program_outputs(runner, inputs, graph.output_roles)
         opt_batch = trt_opt_batch or spec["trt_batches"]["opt_batch"]
         max_batch = max(trt_max_batch or spec["trt_batches"]["max_batch"], opt_batch)
@@ -227,21 +255,24 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
         if check or onnx:
             for bs in check_batch_sizes:
                 feeds = random_feeds(inputs, bs)
-                reference = run_dynamic(graph.layer, inputs, feeds)
+                reference = graph.reference(inputs, feeds)
                 if check:
                     diff = graph.compare(f"Paddle Inference ({files.format}) vs dynamic, batch {bs}", reference,
                                          _checked_run(runner, feeds, files, data_format), atol, rtol)
                     report["checks"][f"paddle_inference_bs{bs}_max_abs_diff"] = diff
                 if target is not None:
-                    onnx_reference = reference if target.layer is graph.layer else \
-                        run_dynamic(target.layer, target.inputs, feeds)
+                    same = target.layer is graph.layer and graph.activation_headroom == 1  # ONNX keeps the ranges
+                    onnx_reference = reference if same else run_dynamic(target.layer, target.inputs, feeds)
                     diff = target.compare(f"onnxruntime vs dynamic, batch {bs}", onnx_reference,
                                           target.runner.run(feeds), atol, rtol)
                     report["checks"][f"onnxruntime_bs{bs}_max_abs_diff"] = diff
         extra = {"export_check": report["checks"]} if report["checks"] else {}
         extra["files"] = file_records([files.model_file, files.params_file])
-        if target is not None and target.meta_section:
-            extra["onnx"] = target.meta_section
+        onnx_section = {k: v for k, v in (target.meta_section or {}).items() if k != "qdq"} if target else {}
+        if onnx_section:
+            extra["onnx"] = onnx_section
+        if is_quantized(model):
+            extra.update(qat_meta(model, files, target, headroom))
         meta = build_meta(family=spec["family"], name=cfg.model.name, num_classes=num_classes,
                             data_format=data_format, files=files, inputs=inputs, outputs=outputs,
                             preprocess=spec["preprocess"], postprocess=graph.postprocess, labels=labels,

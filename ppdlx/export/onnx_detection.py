@@ -48,18 +48,22 @@ class DetectionCandidates(nn.Layer):
         return boxes, scores, classes
 
 
-def save_candidates_program(detector: nn.Layer, output_dir: str, image_size: int, data_format: str):
+def save_candidates_program(detector: nn.Layer, output_dir: str, image_size: int, data_format: str,
+                            save: bool = True):
     """The candidates program of ``detector`` (a :class:`ppdlx.export.paddle_export.DetectorForExport`)
-    in ``output_dir/_onnx_source``; returns ``(files, layer, inputs)``. The caller removes the folder."""
+    in ``output_dir/_onnx_source``; returns ``(files, layer, inputs)`` (``files`` None with ``save=False``:
+    the layer and its inputs only). The caller removes the folder."""
     layer = DetectionCandidates(detector.model, detector.postprocess)
     layer.eval()
+    inputs = [{"name": INPUT_NAME, "shape": image_shape(data_format, image_size, image_size), "dtype": "float32",
+               "layout": data_format, "role": "image"}]
+    if not save:
+        return None, layer, inputs
     source = os.path.join(output_dir, SOURCE_DIR)
     shutil.rmtree(source, ignore_errors=True)
     os.makedirs(source)
     spec = [paddle.static.InputSpec(image_shape(data_format, image_size, image_size, None), "float32", INPUT_NAME)]
     paddle.jit.save(layer, os.path.join(source, "inference"), input_spec=spec)
-    inputs = [{"name": INPUT_NAME, "shape": image_shape(data_format, image_size, image_size), "dtype": "float32",
-               "layout": data_format, "role": "image"}]
     return find_model_files(source), layer, inputs
 
 

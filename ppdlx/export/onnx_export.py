@@ -57,9 +57,11 @@ def export_onnx(files: ModelFiles, save_file: str, opset: int = 13) -> str:
 class OnnxRunner:
     """onnxruntime CPU session with an explicit thread count; ``run(feeds) -> [outputs]``."""
 
-    def __init__(self, path: str, threads: int = 1):
+    def __init__(self, path: str, threads: int = 1, optimize: bool = True):
         import onnxruntime as ort  # optional (ppdlx[onnx]): only an ONNX export is run
         options = ort.SessionOptions()
+        if not optimize:  # the graph's ops as written (a QDQ graph's Q/DQ computed as such, not fused)
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3

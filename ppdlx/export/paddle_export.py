@@ -134,20 +134,22 @@ def save_detector(model: nn.Layer, postprocess: nn.Layer, model_dir: str, image_
 
 class PaddleInferenceRunner:
     """Paddle Inference on CPU (oneDNN, IR optimisation on): the deployment path, used to check
-    an export. ``run({name: array}) -> [outputs in output-name order]``."""
+    an export. ``run({name: array}) -> [outputs in output-name order]``. ``ir_optim=False`` runs the
+    program's ops as saved (no fusion, no oneDNN): a quantized program's quantize ops then compute
+    exactly what the fake-quantized model did, where a fusion would move values across rounding steps."""
 
     def __init__(self, files: ModelFiles, threads: int = 1, onednn: bool = True,
-                 int8_ops: Optional[Sequence[str]] = None):
+                 int8_ops: Optional[Sequence[str]] = None, ir_optim: bool = True):
         config = pi.Config(files.model_file, files.params_file)
         config.disable_gpu()
-        if onednn:
+        if onednn and ir_optim:
             (config.enable_onednn if hasattr(config, "enable_onednn") else config.enable_mkldnn)()
         if int8_ops:  # a quantised legacy program: its quantize ops' scales become oneDNN int8 kernels
             int8 = config.enable_onednn_int8 if hasattr(config, "enable_onednn_int8") else config.enable_mkldnn_int8
             int8(set(int8_ops))
             config.enable_new_ir(False)
         config.set_cpu_math_library_num_threads(threads)
-        config.switch_ir_optim(True)
+        config.switch_ir_optim(ir_optim)
         config.disable_glog_info()
         self.predictor = pi.create_predictor(config)
         self.input_names = list(self.predictor.get_input_names())

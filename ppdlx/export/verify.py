@@ -74,8 +74,8 @@ def verify_cases(model_dir: str, meta: dict, deploy=ppdlx_deploy, cuda: Optional
     if os.path.isfile(onnx_file):
         try:
             import onnxruntime  # noqa: F401  (optional, ppdlx[onnx]: the ONNX case runs only where it is installed)
-            precision = "int8" if _onnx_is_quantized(onnx_file) else "fp32"
-            cases.append({"backend": "onnxruntime", "precision": precision, "run_precision": "fp32"})
+            cases.append({"backend": "onnxruntime", "precision": "int8" if _onnx_is_quantized(onnx_file) else "fp32",
+                          "run_precision": deploy.onnx_precision(meta)})
         except ImportError:
             cases.append({"backend": "onnxruntime", "precision": "fp32", "skipped": "onnxruntime is not installed"})
     if not quantized and (os.path.isfile(onnx_file) or files["format"] == "program"):  # what OpenVINO reads

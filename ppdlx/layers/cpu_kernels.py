@@ -19,8 +19,10 @@ from ppdlx.ops import onednn
 log = logging.getLogger("ppdlx")
 
 
-def _applies(device: str, graph: str, distill_enabled: bool) -> str | None:
+def _applies(device: str, graph: str, distill_enabled: bool, qat_enabled: bool = False) -> str | None:
     """Why the fast CPU kernels do not apply to this run, or None."""
+    if qat_enabled:
+        return "qat.enabled (quantization-aware training runs Paddle's Conv2D with fake quantization)"
     if device != "cpu":
         return f"device is {device}"
     if graph != "dynamic":
@@ -30,15 +32,18 @@ def _applies(device: str, graph: str, distill_enabled: bool) -> str | None:
     return None
 
 
-def plan_fast_cpu_kernels(setting, device: str, graph: str, distill_enabled: bool) -> bool:
+def plan_fast_cpu_kernels(setting, device: str, graph: str, distill_enabled: bool, qat_enabled: bool = False) -> bool:
     """Whether a training run uses the fast CPU kernels, from ``global.cpu_fast_kernels`` (``setting``):
     ``auto`` turns them on where they apply and the oneDNN op builds (otherwise one log line says
     why not), ``true`` insists (error if the op cannot be built), ``false`` keeps Paddle's kernels.
     A run with them on trains in NHWC; the caller plans that layout."""
     if setting is False:
         return False
-    not_here = _applies(device, graph, distill_enabled)
+    not_here = _applies(device, graph, distill_enabled, qat_enabled)
     if not_here:
+        if setting is True and qat_enabled:
+            raise UnsupportedError(f"global.cpu_fast_kernels=true with {not_here}: the fast kernels replace that "
+                                   f"forward; set global.cpu_fast_kernels=auto or false")
         if setting is True:
             log.info("global.cpu_fast_kernels=true not applied: %s", not_here)
         return False

@@ -5,7 +5,8 @@ from __future__ import annotations
 import difflib
 import inspect
 
-from ppdlx.errors import ConfigError
+from ppdlx.errors import ConfigError, UnsupportedError
+from ppdlx.models.qat import quantize_model
 from ppdlx.registry import MODELS
 
 
@@ -30,7 +31,19 @@ def build_model(cfg, num_classes=None):
     m = cfg.model
     MODELS.get(m.name)  # unknown name -> one line with "did you mean"
     check_builder_args(m.name, m.args)
-    return build_registered(m.name, num_classes or m.num_classes, {"data_format": m.data_format, **m.args})
+    return with_quantization(cfg, build_registered(m.name, num_classes or m.num_classes,
+                                                   {"data_format": m.data_format, **m.args}))
+
+
+def with_quantization(cfg, model):
+    """``model`` in its quantization-aware-training form when ``qat.enabled``. Decided here, where every
+    model is built, so training in every graph mode, evaluation and export all get the same layers."""
+    if cfg.qat.enabled:
+        counts = quantize_model(model, cfg.qat.moving_rate)
+        if not counts["conv"] and not counts["linear"]:
+            raise UnsupportedError(f"qat.enabled: model.name={cfg.model.name} has no paddle.nn.Conv2D or Linear "
+                                   f"layer to quantize")
+    return model
 
 
 def build_registered(name: str, num_classes: int, args: dict):

@@ -31,11 +31,14 @@ class Bottleneck(nn.Layer):
         self.shortcut = None
         if stride != 1 or in_ch != out_ch:
             self.shortcut = ConvNormAct(in_ch, out_ch, 1, stride=stride, act=None, data_format=data_format)
+        # An identity unless the model is quantized: then the residual input is fake-quantized before the
+        # add, where NVIDIA's QAT (quant_aware's AddQuantDequantForResidual) quantizes it (ppdlx.models.qat).
+        self.residual_quant = nn.quant.Stub()
         self.relu = nn.ReLU()
         self.cpu_kernel = "add_relu" if get_layer_config().cpu_kernels and type(self) is Bottleneck else None
 
     def forward(self, x):
-        identity = x if self.shortcut is None else self.shortcut(x)
+        identity = self.residual_quant(x if self.shortcut is None else self.shortcut(x))
         y = self.conv3(self.conv2(self.conv1(x)))
         # Evaluation keeps Paddle's add and ReLU, as the batch norms keep Paddle's kernels there.
         if self.cpu_kernel == "add_relu" and self.training:

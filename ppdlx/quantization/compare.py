@@ -10,10 +10,7 @@ import numpy as np
 from ppdlx.errors import UnsupportedError
 from ppdlx.export import ModelFiles, PaddleInferenceRunner
 from ppdlx.quantization.images import ExportPreprocess
-
-# oneDNN int8 is placed on these op types only: with pool2d too, Paddle 3.3.1's cpu_quantize_pass gives
-# a pool fed by a projection-shortcut block an s8 input and a u8 output, which oneDNN refuses to create.
-ONEDNN_INT8_OPS = ("conv2d", "fused_conv2d", "fc")
+from ppdlx.export.onednn_int8 import ONEDNN_INT8_OPS
 
 
 class Int8Runner(PaddleInferenceRunner):

@@ -29,12 +29,12 @@ import paddle
 from paddle.base.proto import framework_pb2
 from paddle.static.quantization import PostTrainingQuantization
 
-from ppdlx.cpu_features import cpu_features, has_vnni
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.export import META_FILE, find_model_files, read_meta
 from ppdlx.export.files import ModelFiles, file_records, publish_export, staged_export
 from ppdlx.export.meta import write_meta
-from ppdlx.quantization.compare import ONEDNN_INT8_OPS, compare_predictions
+from ppdlx.export.onednn_int8 import ACTIVATION_HEADROOM, ONEDNN_INT8_OPS, default_headroom  # noqa: F401  (re-exported)
+from ppdlx.quantization.compare import compare_predictions
 from ppdlx.quantization.images import (ExportPreprocess, labelled_images, list_images, number_of_batches,
                                        spread_subset)
 
@@ -50,12 +50,6 @@ DEFAULT_BATCH_SIZE = 10
 # pre-processing or scale convention lands near chance, a sound calibration near 100 %.
 DEFAULT_MIN_AGREEMENT = 0.9
 QUANT_OPS = ("quantize_linear", "dequantize_linear")
-# Without VNNI, oneDNN multiplies u8 activations by s8 weights with vpmaddubsw, which adds two
-# products into a SATURATING 16-bit sum: 255 * 127 * 2 overflows it and the conv output is clipped.
-# Widening every activation range by this factor keeps u8 activations <= 128, whose pair sums fit
-# (docs/int8.md). It costs one bit of activation
-# resolution wherever the export runs, TensorRT included, hence recorded in inference.yml.
-ACTIVATION_HEADROOM = 2.0
 # What a predictor must call to run the int8 kernels (recorded in inference.yml for deploy).
 RUNTIME_CALLS = {
     "paddle-cpu": ["disable_gpu()", "enable_onednn()",
@@ -139,14 +133,6 @@ def _widen_activation_ranges(program, scope, factor: float) -> int:
             tensor.set(np.array(tensor) * np.float32(factor), paddle.CPUPlace())
             done.add(name)
     return len(done)
-
-
-def default_headroom() -> tuple:
-    """``(factor, reason)`` for this CPU: 2 without VNNI (see ACTIVATION_HEADROOM), else 1."""
-    if has_vnni(cpu_features()):
-        return 1.0, "this CPU has VNNI: int8 dot products accumulate in 32 bits"
-    return ACTIVATION_HEADROOM, ("this CPU has no VNNI: oneDNN's u8 x s8 kernels (vpmaddubsw) saturate 16-bit "
-                                 "pair sums, so activations keep 7 bits of headroom")
 
 
 def _check_agreement(result: dict, min_agreement: float, where: str) -> None:

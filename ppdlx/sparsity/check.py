@@ -240,6 +240,8 @@ def _pir_uses(program):
 def _legacy_uses(program):
     uses = []
     block = program.global_block()
+    # an int8 export's weights reach their op through a dequantize_linear (int8 tensor + scales)
+    dequantized = {op.output("Y")[0]: op.input("X")[0] for op in block.ops if op.type == "dequantize_linear"}
     for op in block.ops:
         t = op.type
         if t in _LEGACY_CONV or t in _LEGACY_DWCONV:
@@ -248,7 +250,7 @@ def _legacy_uses(program):
             kind, slot = "linear", _LEGACY_MATMUL[t]
         else:
             continue
-        names = op.input(slot)
+        names = [dequantized.get(name, name) for name in op.input(slot)]
         if not names or not block.has_var(names[0]) or not block.var(names[0]).persistable:
             continue
         groups = int(op.attr("groups")) if op.has_attr("groups") else 1
@@ -324,6 +326,9 @@ def _onnx_targets(path: str, rules: SparsityRules):
     arrays = {t.name: t for t in graph.initializer}
     arrays.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute
                    if a.name == "value"})
+    # a QDQ graph's weights are int8 initializers behind a DequantizeLinear
+    arrays.update({n.output[0]: arrays[n.input[0]] for n in graph.node
+                   if n.op_type == "DequantizeLinear" and n.input[0] in arrays})
     uses = []
     for node in graph.node:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}

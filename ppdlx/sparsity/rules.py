@@ -23,10 +23,15 @@ from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Tuple
 
 import paddle.nn as nn
+from paddle.nn.quant.qat import QuantedConv2D, QuantedLinear
 
 from ppdlx.errors import ConfigError
 
 from ppdlx.sparsity.masks import ALGOS, KINDS
+
+# A quantization-aware-trained model's layers (paddle.quantization.QAT) hold the same weight parameters.
+CONV_LAYERS = (nn.Conv2D, QuantedConv2D)
+LINEAR_LAYERS = (nn.Linear, QuantedLinear)
 
 
 @dataclass(frozen=True)
@@ -91,11 +96,11 @@ def _classifier_layer(model) -> Optional[str]:
     num_classes = getattr(model, "num_classes", None)
     last_linear, last_match = None, None
     for name, layer in model.named_sublayers():
-        if isinstance(layer, nn.Linear):
+        if isinstance(layer, LINEAR_LAYERS):
             last_linear = name
             if num_classes is not None and layer.weight.shape[1] == num_classes:
                 last_match = name
-        elif isinstance(layer, nn.Conv2D) and num_classes is not None and layer.weight.shape[0] == num_classes:
+        elif isinstance(layer, CONV_LAYERS) and num_classes is not None and layer.weight.shape[0] == num_classes:
             last_match = name
     return last_match if last_match is not None else (last_linear if num_classes is None else None)
 
@@ -105,9 +110,9 @@ def scan_model(model, rules: SparsityRules) -> List[LayerEntry]:
     classifier = _classifier_layer(model)
     entries = []
     for lname, layer in model.named_sublayers():
-        if isinstance(layer, nn.Conv2D):  # Conv2DTranspose is not a Conv2D subclass
+        if isinstance(layer, CONV_LAYERS):  # Conv2DTranspose is not a Conv2D subclass
             kind = "conv2d"
-        elif isinstance(layer, nn.Linear):
+        elif isinstance(layer, LINEAR_LAYERS):
             kind = "linear"
         else:
             continue

@@ -30,7 +30,7 @@ from ppdlx.errors import ConfigError, DataError, UnsupportedError
 from ppdlx.evaluation.coco import STAT_KEYS, CocoEvaluator
 from ppdlx.evaluation.precise_bn import recompute_bn_stats
 from ppdlx.models.detection import EfficientDetLoss, EfficientDetPostProcess
-from ppdlx.models.from_config import build_registered, check_builder_args
+from ppdlx.models.from_config import build_registered, check_builder_args, with_quantization
 from ppdlx.registry import MODELS, TASKS
 from ppdlx.tasks.base import Task, TaskData
 
@@ -100,7 +100,7 @@ def build_detection_model(cfg, num_classes: int):
                           f"drop model.args.image_size (the data's size is used)")
     args["image_size"] = size
     check_builder_args(m.name, args)
-    return build_registered(m.name, num_classes, {"data_format": m.data_format, **args})
+    return with_quantization(cfg, build_registered(m.name, num_classes, {"data_format": m.data_format, **args}))
 
 
 def set_bn_momentum(model, momentum: float) -> int:

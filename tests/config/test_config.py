@@ -97,10 +97,13 @@ SHIPPED = {
     "base/rn50_imagenet.yaml": ("resnet50", "image_folder", 1000),
     "demo/efficientdet_demo.yaml": ("efficientdet_d0", "coco", 3),
     "demo/efficientdet_fruit_overfit.yaml": ("efficientdet_d0", "coco", 2),
+    "demo/efficientdet_qat_demo.yaml": ("efficientdet_d0", "coco", 3),
     "demo/gpunet_demo.yaml": ("gpunet_0", "image_folder", 10),
     "demo/gpunet_distill_demo.yaml": ("gpunet_0", "image_folder", 10),
+    "demo/gpunet_qat_demo.yaml": ("gpunet_0", "image_folder", 10),
     "demo/rn50_asp_demo.yaml": ("resnet50", "image_folder", 10),
     "demo/rn50_demo.yaml": ("resnet50", "image_folder", 10),
+    "demo/rn50_qat_demo.yaml": ("resnet50", "image_folder", 10),
     "efficientdet_d0.yaml": ("efficientdet_d0", "coco", 80),
     "efficientnet_lite0.yaml": ("efficientnet_lite0", "image_folder", 1000),
     "gpunet/gpunet_0.yaml": ("gpunet_0", "image_folder", 1000),
@@ -112,6 +115,7 @@ SHIPPED = {
     "gpunet/gpunet_p1.yaml": ("gpunet_p1", "image_folder", 1000),
     "rn50_amp.yaml": ("resnet50", "image_folder", 1000),
     "rn50_asp.yaml": ("resnet50", "image_folder", 1000),
+    "rn50_qat.yaml": ("resnet50", "image_folder", 1000),
     "rn50_tf32.yaml": ("resnet50", "image_folder", 1000),
 }
 

@@ -167,6 +167,9 @@ def test_trt_overrides_and_int8_modes(program_files, tmp_path):
     assert _calls(plan, "set_trt_dynamic_shape_info")[0]["args"][1] == {"image": [64, 3, 224, 224]}
     quant = D.build_plan(TRT_META, files, "trt", "int8", quantized=True)
     assert _calls(quant, "enable_tensorrt_engine")[0]["kwargs"]["use_calib_mode"] is False
+    # a quantized program's quantize ops become TensorRT Q/DQ layers (explicit quantization); a calibrated one has none
+    explicit = "enable_tensorrt_explicit_quantization"
+    assert _calls(quant, explicit) and not _calls(plan, explicit)
     fp32 = D.build_plan(TRT_META, files, "trt", "fp32")
     assert _calls(fp32, "enable_tensorrt_engine")[0]["kwargs"]["precision_mode"] == "Float32"
 

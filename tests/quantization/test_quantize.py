@@ -12,7 +12,9 @@ import yaml
 
 from ppdlx.cpu_features import cpu_features, has_vnni
 from ppdlx.errors import ConfigError, DataError, UnsupportedError
-from ppdlx.quantization import ONEDNN_INT8_OPS, quantize, spread_subset
+from ppdlx.quantization import ONEDNN_INT8_OPS
+from ppdlx.quantization.images import spread_subset
+from ppdlx.quantization.ptq import quantize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "demo", "rn50_demo.yaml")
@@ -101,7 +103,7 @@ def test_int8_predictor_runs_int8_onednn_convolutions(int8_export):
     """ONEDNN_VERBOSE lists the primitives that ran: the int8 export's convolutions take u8/s8 sources
     and s8 weights; the fp32 export's, f32."""
     code = ("import sys, numpy as np; from ppdlx.export import find_model_files, PaddleInferenceRunner; "
-            "from ppdlx.quantization import Int8Runner; "
+            "from ppdlx.quantization.compare import Int8Runner; "
             "runner = (Int8Runner if sys.argv[2] == 'int8' else PaddleInferenceRunner)(find_model_files(sys.argv[1])); "
             "runner.run({'image': np.random.default_rng(0).random((2, 3, 32, 32), dtype=np.float32)})")
     convs = {}

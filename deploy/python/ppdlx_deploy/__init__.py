@@ -50,7 +50,7 @@ from .config_calls import apply_plan, plan_call  # noqa: E402
 from .decision_cache import cache_path, cached_decision, runtime_versions  # noqa: E402
 from .errors import DeployError, UnsupportedError  # noqa: E402
 from . import kernel_profile  # noqa: E402
-from .meta import META_FILE, is_quantized, load_meta, model_files, program_op_types  # noqa: E402
+from .meta import META_FILE, is_quantized, load_meta, model_files, onnx_precision, program_op_types  # noqa: E402
 from .openvino_runtime import OpenVinoPredictor  # noqa: E402
 from .pipeline import Pipeline  # noqa: E402
 from .plan import (BACKENDS, CPU_RUNTIMES, CPU_VARIANTS, PRECISIONS, build_plan, check_backend_available,  # noqa: E402
@@ -74,8 +74,8 @@ __all__ = [
     "choose_backend", "choose_cpu_plan", "cli", "clip_to_images", "cpu", "cpu_candidates", "cpu_flags",
     "cpu_has_bf16", "cpu_variant_options", "cpu_variants_for", "create_predictor", "default_threads",
     "draw_detections", "format_rows", "is_quantized", "kernel_profile", "latency_stats", "list_images", "load_image",
-    "load_meta", "model_files", "normalize", "plan_call", "postprocess", "program_op_types", "ratio_stats",
-    "resize_shorter", "round_medians_ms", "run_in_worker", "run_rounds", "runtime_candidates", "runtime_installed",
-    "runtime_versions", "softmax", "spread", "summarize_rounds", "synthetic_feeds", "time_networks", "topk_classes",
-    "trt", "trt_calibration_tables", "trt_shape_ranges",
+    "load_meta", "model_files", "normalize", "onnx_precision", "plan_call", "postprocess", "program_op_types",
+    "ratio_stats", "resize_shorter", "round_medians_ms", "run_in_worker", "run_rounds", "runtime_candidates",
+    "runtime_installed", "runtime_versions", "softmax", "spread", "summarize_rounds", "synthetic_feeds",
+    "time_networks", "topk_classes", "trt", "trt_calibration_tables", "trt_shape_ranges",
 ]

@@ -5,7 +5,7 @@ what was chosen and why."""
 from __future__ import annotations
 
 from .errors import UnsupportedError
-from .meta import load_meta, model_files
+from .meta import load_meta, model_files, onnx_precision
 from .openvino_runtime import OpenVinoPredictor
 from .plan import check_backend_available, default_threads
 from .predictors import OnnxPredictor, PaddlePredictor
@@ -48,9 +48,11 @@ def create_predictor(model_dir: str, backend: str = "auto", precision: str = "fp
         return _auto_backend(model_dir, precision, kwargs)
     progress, cache_file = (kwargs.pop(k, None) for k in CHOICE_OPTIONS)
     if backend == "onnxruntime":
-        if precision not in ("fp32", "auto"):
-            raise UnsupportedError(f"--backend onnxruntime --precision {precision}: only fp32 is offered here")
-        return OnnxPredictor(model_dir, threads=kwargs.get("threads"), meta=kwargs.get("meta"))
+        meta = kwargs.get("meta") or load_meta(model_dir)
+        if precision not in (onnx_precision(meta), "auto"):
+            raise UnsupportedError(f"--backend onnxruntime --precision {precision}: this export's ONNX file is "
+                                   f"{onnx_precision(meta)} (onnxruntime runs it as written)")
+        return OnnxPredictor(model_dir, threads=kwargs.get("threads"), meta=meta)
     if backend == "openvino":
         check_backend_available(backend)
         return OpenVinoPredictor(model_dir, "fp32" if precision == "auto" else precision,

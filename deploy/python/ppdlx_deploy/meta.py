@@ -87,3 +87,9 @@ def program_op_types(model_file: str) -> set:
 def is_quantized(model_file: str) -> bool:
     """A QAT/PTQ export carries (fake) (de)quantize ops."""
     return any("quantize" in op for op in program_op_types(model_file))
+
+
+def onnx_precision(meta: dict) -> str:
+    """``int8`` for an export whose ONNX file is a QDQ graph (``quantization.onnx`` in inference.yml: a
+    quantization-aware-trained model), else ``fp32``: onnxruntime runs the file as it is."""
+    return "int8" if (meta.get("quantization") or {}).get("onnx") else "fp32"

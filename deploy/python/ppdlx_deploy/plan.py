@@ -10,7 +10,7 @@ from typing import Optional
 from .cpu import cpu_features, has_bf16, has_vnni
 from .config_calls import plan_call
 from .errors import DeployError, UnsupportedError
-from .meta import is_quantized
+from .meta import is_quantized, onnx_precision
 from .postprocess import decodes_boxes
 from .trt import trt_plan
 
@@ -217,8 +217,9 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
         plan["engine"] = "cuda"
         notes.append(f"engine cuda: Paddle GPU kernels, {'fp16 mixed precision' if precision == 'fp16' else 'fp32'}")
     elif backend == "onnxruntime":
-        if precision != "fp32":
-            raise UnsupportedError(f"--backend onnxruntime --precision {precision}: only fp32 is offered here")
+        if precision != onnx_precision(meta):
+            raise UnsupportedError(f"--backend onnxruntime --precision {precision}: this export's ONNX file is "
+                                   f"{onnx_precision(meta)} (onnxruntime runs it as written)")
         plan.update(engine="onnxruntime", graph="onnx")
         notes.append(f"onnxruntime CPUExecutionProvider, {threads} intra-op thread(s)")
     elif backend == "openvino":

@@ -15,7 +15,7 @@ import numpy as np
 from .config_calls import apply_plan
 from .errors import DeployError
 from .integrity import check_onnx_file, runtime_load_error
-from .meta import load_meta, model_files
+from .meta import load_meta, model_files, onnx_precision
 from .plan import build_plan, check_backend_available, default_threads
 from .trt import SUBGRAPH, convert_pir_trt, drop_engines_of_other_shapes, subgraph_engine_count
 
@@ -157,7 +157,8 @@ class OnnxPredictor:
                               f"tools/export_model.py --onnx") from None
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.plan = {"backend": "onnxruntime", "engine": "onnxruntime", "precision": "fp32", "graph": "onnx",
+        self.plan = {"backend": "onnxruntime", "engine": "onnxruntime", "precision": onnx_precision(self.meta),
+                     "graph": "onnx",
                      "threads": options.intra_op_num_threads,
                      "notes": [f"onnxruntime {ort.__version__} CPUExecutionProvider, ORT_ENABLE_ALL, "
                                f"{options.intra_op_num_threads} intra-op thread(s)"]}

@@ -188,6 +188,10 @@ def trt_plan(meta: dict, files: dict, precision: str, gpu_calls: List[dict], *, 
                                min_subgraph_size=min_subgraph, precision_mode=SUBGRAPH_PRECISION[precision],
                                use_static=True,  # serialise engines into cache_dir (one folder per model + settings)
                                use_calib_mode=bool(use_calib)))
+        if precision == "int8" and quantized:
+            # the quantize/dequantize ops become TensorRT Q/DQ layers with the program's scales (TensorRT's
+            # explicit quantization; its implicit int8, dynamic ranges per tensor, is deprecated since TensorRT 10)
+            calls.append(plan_call("enable_tensorrt_explicit_quantization"))
         if shape_source == "yml":
             calls.append(plan_call("set_trt_dynamic_shape_info", ranges["min"], ranges["max"], ranges["opt"]))
         else:
@@ -198,7 +202,7 @@ def trt_plan(meta: dict, files: dict, precision: str, gpu_calls: List[dict], *, 
         notes = [f"engine {SUBGRAPH}: Paddle-TRT {precision} on the legacy program, workspace {workspace} bytes, "
                  f"max batch {max_batch}, min subgraph {min_subgraph}, shapes from {shapes}, engine cache {cache_dir}"]
         if precision == "int8":
-            notes.append("int8 scales from the model's quantize ops (QAT/PTQ)" if quantized else
+            notes.append("int8 scales from the model's quantize ops (QAT/PTQ), explicit Q/DQ layers" if quantized else
                          "int8 calibration (use_calib_mode=True): run sample images once to write the table")
         plan.update(engine=SUBGRAPH, calls=calls, notes=notes, calibration=bool(use_calib))
         return plan

@@ -28,7 +28,7 @@ from .cpu import cpu_features, has_bf16
 from .decision_cache import (cache_path, cached_decision, decision_facts, export_digest, runtime_versions,
                              store_decision)
 from .errors import DeployError, UnsupportedError
-from .meta import is_quantized, load_meta
+from .meta import is_quantized, load_meta, onnx_precision
 from .plan import CPU_RUNTIMES, cpu_variants_for, runtime_installed
 from .timing import alternating_order, spread
 from .workers import WorkerError, run_in_worker
@@ -81,11 +81,16 @@ def runtime_candidates(model_dir: str, meta: dict, files: dict, precision: str, 
     skipped = []
     if precision not in ("fp32", "bf16", "int8", "auto"):
         raise UnsupportedError(f"--backend auto --precision {precision}: choose fp32, bf16, int8 or auto")
+    onnx_file = os.path.join(model_dir, meta["model"].get("onnx_file") or "inference.onnx")
+    # a QAT export's ONNX file is a QDQ graph: onnxruntime runs it in int8, as written
+    qdq = onnx_precision(meta) == "int8" and os.path.isfile(onnx_file) and runtime_installed("onnxruntime")
     if is_quantized(files["model_file"]) or precision == "int8":
-        if not is_quantized(files["model_file"]):
+        if not is_quantized(files["model_file"]) and not qdq:
             raise UnsupportedError("--backend auto --precision int8 needs a quantised (QAT/PTQ) export: this "
                                    "model has no quantize ops")
-        return [candidate("paddle-cpu", "int8", "default")], ["a quantised export runs int8 on paddle-cpu only"]
+        out = [candidate("paddle-cpu", "int8", "default")] if is_quantized(files["model_file"]) else []
+        return out + ([candidate("onnxruntime", "int8")] if qdq else []), \
+            ["a quantised export runs int8 on paddle-cpu and, with a QDQ inference.onnx, onnxruntime"]
     bf16_hardware = has_bf16(features)
     if precision == "bf16" and not bf16_hardware:
         raise UnsupportedError("--backend auto --precision bf16: this CPU has neither avx512_bf16 nor amx_bf16; "
@@ -93,8 +98,7 @@ def runtime_candidates(model_dir: str, meta: dict, files: dict, precision: str, 
     # fp32 unless bf16 was asked for; bf16 joins fp32 where the CPU has bf16 hardware and either auto asked
     # for it or this export's --verify passed it for that runtime (its rounding is the model's to bear)
     precisions = ["bf16"] if precision == "bf16" else ["fp32"] + (["bf16"] if bf16_hardware else [])
-    onnx_file = os.path.join(model_dir, meta["model"].get("onnx_file") or "inference.onnx")
-    out = []
+    out = [candidate("onnxruntime", "int8")] if qdq and precision == "auto" else []
     for backend in backends:
         if not runtime_installed(backend):
             package = "paddlepaddle" if backend == "paddle-cpu" else backend
@@ -102,6 +106,9 @@ def runtime_candidates(model_dir: str, meta: dict, files: dict, precision: str, 
             continue
         if backend == "onnxruntime" and not os.path.isfile(onnx_file):
             skipped.append("onnxruntime: the export has no inference.onnx (tools/export_model.py --onnx)")
+            continue
+        if backend in ("onnxruntime", "openvino") and onnx_precision(meta) == "int8":
+            skipped.append(f"{backend} {precision}: the export's inference.onnx is a QDQ (int8) graph")
             continue
         if backend == "openvino" and not os.path.isfile(onnx_file) and files["format"] != "program":
             skipped.append("openvino: reads inference.onnx or a legacy inference.pdmodel, and the export has neither "
