@@ -34,6 +34,7 @@ from paddle.quantization.factory import QuanterFactory
 from paddle.quantization.quanters.abs_max import FakeQuanterWithAbsMaxObserverLayer
 
 from ppdlx.errors import UnsupportedError
+from ppdlx.layers.conv import Conv2D
 
 BITS = 8
 ROUND_HALF_TO_EVEN = 0  # the fake ops' round_type: as quantize_linear, ONNX, TensorRT and oneDNN round
@@ -154,7 +155,10 @@ def quant_config(moving_rate: float = DEFAULT_MOVING_RATE) -> QuantConfig:
     per-tensor activations. Nothing else is quantized (no global config)."""
     activation = MovingAverageAbsMaxQuanter(moving_rate=moving_rate)
     config = QuantConfig(activation=None, weight=None)
-    config.add_type_config([nn.Conv2D, nn.Linear], activation=activation, weight=ChannelWiseAbsMaxQuanter())
+    # Paddle's QAT matches a layer's exact type: ppdlx's Conv2D (the one that picks a CPU kernel when built) is a
+    # paddle Conv2D to quantize like any other, through Paddle's QuantedConv2D (which runs Paddle's convolution).
+    config.add_type_config([nn.Conv2D, Conv2D, nn.Linear], activation=activation, weight=ChannelWiseAbsMaxQuanter())
+    config.add_qat_layer_mapping(Conv2D, QuantedConv2D)
     config.add_type_config(Stub, activation=activation)
     return config
 
