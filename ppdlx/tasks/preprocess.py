@@ -3,8 +3,8 @@
 The pre-processing keys a model's ``default_cfg`` defines (:func:`config_changes`, by the task the
 ``default_cfg`` names: ``data.transforms`` crop size, ``crop_pct``, interpolation, mean and std;
 ``data.coco.image_size`` for a detector) are null in the schema. :func:`resolve_preprocessing` is the one
-place that fills them, from the ``default_cfg`` of the configured model; a value the config gives wins (fine-tuning at another
-size, the 32 px demos). ``resize_short`` given in the config keeps it; otherwise it follows from
+place that fills them, from the ``default_cfg`` of the configured model; a value the config gives wins
+(fine-tuning at another size, the 32 px demos). ``resize_short`` given in the config keeps it; otherwise it follows from
 ``crop_pct`` (the config's, else the model's). Train, eval and export build from the resolved config, so
 the data pipelines and ``inference.yml`` see the same values; :func:`resolve_with_record` also says where
 each came from (the run's ``plan.yaml``).
