@@ -26,8 +26,8 @@ import paddle
 
 from ppdlx.engine import checkpoint_unit as unit
 from ppdlx.engine.checkpoint_files import (  # noqa: F401  (atomic_save, load_states: re-exported for callers)
-    SUFFIXES, atomic_save, check_and_set, is_ppdlx_prefix, load_states, locate, not_found, read_checkpoint,
-    read_pdparams, serialize, strip_suffix)
+    SUFFIXES, UnsafeCheckpointError, atomic_save, check_and_set, is_ppdlx_prefix, load_states, locate, not_found,
+    read_checkpoint, read_pdparams, serialize, strip_suffix)
 from ppdlx.engine.checkpoint_unit import CheckpointError
 from ppdlx.errors import ConfigError
 
@@ -158,12 +158,16 @@ def newest_complete(output_dir: str, skip=()) -> tuple:
         path = os.path.join(output_dir, name)
         try:
             candidates.append((recorded_epoch(path), name != BEST, path))
+        except UnsafeCheckpointError:
+            raise
         except CheckpointError as err:
             problems.append(str(err))
     for epoch, _, path in sorted(candidates, reverse=True):
         try:
             verify(path)
             return path, epoch, problems
+        except UnsafeCheckpointError:
+            raise
         except CheckpointError as err:
             problems.append(str(err))
     return None, None, problems
@@ -191,6 +195,8 @@ def resolve_resume(resume: str, output_dir: str):
         try:
             _refuse_converted(resume, path)
             verify(path)
+        except UnsafeCheckpointError as err:
+            raise UnsafeCheckpointError(f"train.resume={resume}: {err}") from None
         except CheckpointError as err:
             raise CheckpointError(f"train.resume={resume}: {err}; resume from another checkpoint, e.g. "
                                   f"train.resume=auto (the newest complete one in {output_dir})") from None
@@ -201,6 +207,8 @@ def resolve_resume(resume: str, output_dir: str):
     try:
         verify(latest)
         return latest
+    except UnsafeCheckpointError as err:
+        raise UnsafeCheckpointError(f"train.resume=auto: {err}") from None
     except CheckpointError as err:
         reason = str(err) if locate(latest)[0] else f"{latest} is missing"
     path, epoch, problems = newest_complete(output_dir, skip=(LATEST,))
