@@ -5,7 +5,6 @@ records the CPU (model, vendor, the flags that select kernels, cores), library v
 thread settings of every kind (``ppdlx.benchmarks.machine_facts``).
 """
 import importlib
-import sys
 import warnings
 
 from _cli import ToolParser, run, write_report
