@@ -29,6 +29,8 @@ setup(
         "cpu": [PADDLE_CPU],
         "dali": ["nvidia-dali-cuda120"],  # DALI's build for CUDA 12.x (its CPU pipelines need no GPU)
         "onnx": ["paddle2onnx", "onnxruntime"],
+        # a third CPU runtime for deploy's --backend auto / openvino (it reads the ONNX export)
+        "openvino": ["openvino"],
         "coco": ["pycocotools"],
         # figures (curves.png, confusion.png, ...; ppdlx.analysis): training and every report work without it
         "plot": ["matplotlib"],

@@ -4,11 +4,13 @@ tools/export_model.py wrote: the program, weights and inference.yml, plus infere
 
     python deploy/triton/make_repo.py --model-dir EXPORT --out REPO [--name NAME] \
         [--backend python|onnxruntime] [--max-batch-size 8] [--instances 1] [--preferred-batch-sizes 4,8] \
-        [--queue-delay-us 2000] [--predictor-backend paddle-cpu|paddle-gpu|trt] [--precision fp32|fp16|int8] \
+        [--queue-delay-us 2000] [--predictor-backend paddle-cpu|auto|onnxruntime|openvino|paddle-gpu|trt] \
+        [--precision fp32|fp16|int8] \
         [--threads N] [--topk 5] [--score-threshold T] [--trt-cache-dir DIR] [--int8-calibration-table FILE]
 
 --backend python: one Python-backend model running the export through ppdlx_deploy (Paddle Inference:
-oneDNN on CPU; --predictor-backend trt or paddle-gpu on a GPU). --backend onnxruntime: the ONNX export
+oneDNN on CPU; auto, onnxruntime or openvino as deploy/python/infer.py's --backend;
+--predictor-backend trt or paddle-gpu on a GPU). --backend onnxruntime: the ONNX export
 under Triton's ONNX Runtime backend with TensorRT (--precision), between Python pre- and
 post-processing steps, as one ensemble. Either way clients send encoded image files (UINT8
 image_bytes) and get top-k classes or boxes back (deploy/README.md, "Triton").

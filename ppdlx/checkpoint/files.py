@@ -24,6 +24,8 @@ import paddle
 from ppdlx.checkpoint.unit import (MANIFEST, MODEL, OPTIMIZER, STATES, UNIT_FILES, CheckpointError, fsync_dir,
                                    is_unit, read_file, read_manifest, write_durably)
 from ppdlx.errors import ConfigError
+from ppdlx.weights.paddle_pickle import load_paddle_pickle
+from ppdlx.weights.unpickle import Refused, refusal_line, restricted_loads
 
 log = logging.getLogger("ppdlx")
 
@@ -34,6 +36,10 @@ ROLES = {"model": (MODEL, ".pdparams"), "optimizer": (OPTIMIZER, ".pdopt"), "sta
 # Earlier layout: a .pdparams/.pdopt written this long after its .pdstates came from a later save that was
 # killed before its own .pdstates (a copy that did not keep the times writes all three within moments).
 MIXED_AFTER_SECONDS = 60
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint file whose pickle names code to run: refused, never passed over for an older checkpoint."""
 
 
 def serialize(obj, plain_pickle: bool = False):
@@ -92,19 +98,16 @@ def not_found(prefix: str) -> str:
 
 
 def _loaded(data: bytes, path: str, role: str):
-    """Unpickle one file's bytes: ``.pdstates`` with pickle (an older one written by ``paddle.save`` with
-    paddle), the others with ``paddle.load``; what does not load as a dict is named as damaged."""
+    """Unpickle one file's bytes through the allow-list (:mod:`ppdlx.weights.paddle_pickle`): ``.pdstates`` as
+    plain data, the others as ``paddle.load`` returns them. A global outside the allow-list is refused naming
+    the file; what does not load as a dict is named as damaged."""
     try:
-        if role == "states":
-            try:
-                value = pickle.loads(data)
-            except Exception:  # noqa: BLE001 - an older .pdstates written by paddle.save
-                value = paddle.load(io.BytesIO(data), return_numpy=True)
-        else:
-            value = paddle.load(io.BytesIO(data))
+        value = restricted_loads(data) if role == "states" else load_paddle_pickle(data)
+    except Refused as err:
+        raise UnsafeCheckpointError(refusal_line(path, err)) from None
     except Exception as err:  # noqa: BLE001 - any unpickling failure means the same to the user
         raise CheckpointError(f"{path} is truncated or damaged (it does not load: {type(err).__name__})") from None
-    if not isinstance(value, dict):  # paddle.load reads a few bytes of garbage as an empty Program
+    if not isinstance(value, dict):
         raise CheckpointError(f"{path} is truncated or damaged (it loads as {type(value).__name__}, not a dict)")
     return value
 

@@ -22,7 +22,8 @@ import paddle
 
 import ppdlx.checkpoint.unit as unit
 import ppdlx.models  # noqa: F401  (registers every family: a manifest's model name resolves through MODELS)
-from ppdlx.checkpoint.files import SUFFIXES, load_states, locate, not_found, read_checkpoint, serialize, strip_suffix
+from ppdlx.checkpoint.files import (SUFFIXES, UnsafeCheckpointError, load_states, locate, not_found, read_checkpoint,
+                                    serialize, strip_suffix)
 from ppdlx.checkpoint.unit import CheckpointError
 from ppdlx.errors import ConfigError
 from ppdlx.registry import MODELS
@@ -153,12 +154,16 @@ def newest_complete(output_dir: str, skip=()) -> tuple:
         path = os.path.join(output_dir, name)
         try:
             candidates.append((recorded_epoch(path), name != BEST, path))
+        except UnsafeCheckpointError:
+            raise
         except CheckpointError as err:
             problems.append(str(err))
     for epoch, _, path in sorted(candidates, reverse=True):
         try:
             verify(path)
             return path, epoch, problems
+        except UnsafeCheckpointError:
+            raise
         except CheckpointError as err:
             problems.append(str(err))
     return None, None, problems
@@ -186,6 +191,8 @@ def resolve_resume(resume: str, output_dir: str):
         try:
             _refuse_converted(resume, path)
             verify(path)
+        except UnsafeCheckpointError as err:
+            raise UnsafeCheckpointError(f"train.resume={resume}: {err}") from None
         except CheckpointError as err:
             raise CheckpointError(f"train.resume={resume}: {err}; resume from another checkpoint, e.g. "
                                   f"train.resume=auto (the newest complete one in {output_dir})") from None
@@ -196,6 +203,8 @@ def resolve_resume(resume: str, output_dir: str):
     try:
         verify(latest)
         return latest
+    except UnsafeCheckpointError as err:
+        raise UnsafeCheckpointError(f"train.resume=auto: {err}") from None
     except CheckpointError as err:
         reason = str(err) if locate(latest)[0] else f"{latest} is missing"
     path, epoch, problems = newest_complete(output_dir, skip=(LATEST,))

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from ppdlx.weights.errors import WeightsError
-from ppdlx.weights.unpickle import Refused, RestrictedUnpickler, materialize, widen_storage
+from ppdlx.weights.paddle_pickle import PADDLE_STRUCTURE_KEY
+from ppdlx.weights.unpickle import Refused, RestrictedUnpickler, materialize, refusal_line, widen_storage
 
 TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 ZIP_LOCAL_HEADER = b"PK\x03\x04"  # a zip's first bytes; zipfile finds an archive by its end, which a cut file lacks
-PADDLE_STRUCTURE_KEY = "StructuredToParameterName@@"  # paddle.save's name table, not a tensor
 SAFETENSORS_DTYPES = {
     "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "bfloat16", "I64": "<i8", "I32": "<i4", "I16": "<i2",
     "I8": "i1", "U8": "u1", "BOOL": "?", "U16": "<u2", "U32": "<u4", "U64": "<u8",
@@ -83,9 +83,7 @@ def read_checkpoint(path: str) -> Checkpoint:
             raise WeightsError(f"{path}: not a PyTorch, safetensors or Paddle pickle checkpoint "
                                f"(first bytes {head[:8]!r})")
     except Refused as e:
-        raise WeightsError(f"{path}: refused to unpickle {e}: a checkpoint may only hold tensors, dicts, lists and "
-                           f"numbers (anything else could run code); save the bare state_dict or safetensors "
-                           f"instead") from None
+        raise WeightsError(f"{refusal_line(path, e)}; save the bare state_dict or safetensors instead") from None
     except (pickle.UnpicklingError, EOFError, struct.error, ValueError, KeyError, TypeError, IndexError,
             AttributeError, zipfile.BadZipFile, UnicodeDecodeError) as e:
         raise WeightsError(f"{path}: damaged or unsupported checkpoint ({type(e).__name__}: {e})") from None

@@ -4,7 +4,9 @@ A checkpoint from the internet is a pickle, and a pickle can name any importable
 (``os.system``) for the loader to call. ``RestrictedUnpickler.find_class`` therefore answers
 only for an allow-list: ``collections.OrderedDict``, PyTorch's tensor/parameter rebuild
 functions and storage types (turned into numpy arrays here, no PyTorch needed), numpy's
-array/scalar/dtype reconstructors (Paddle's ``.pdparams``), and a few harmless builtins. A
+array/scalar/dtype reconstructors (Paddle's ``.pdparams``), what ``paddle.save`` itself emits
+(``tuple`` for a tensor's ``(name, array)``, ``eval`` only as ``eval("data", {"data": array})`` for a
+DenseTensor, Paddle's ``GeneratorState`` in ppdlx's ``.pdstates``), and a few harmless builtins. A
 handful of data-only classes that training scripts put next to the weights (``argparse.Namespace``
 with the run's arguments, paths, versions) become inert ``Opaque`` placeholders that keep their
 state and run nothing. Every other global raises ``Refused`` before anything is called.
@@ -16,9 +18,11 @@ storage bytes live outside the pickle (zip member or the tail of a legacy file);
 from __future__ import annotations
 
 import collections
+import io
 import pickle
 
 import numpy as np
+from paddle.base.libpaddle import GeneratorState
 
 # PyTorch storage class -> numpy dtype ("bfloat16" is widened to float32 when materialised)
 TORCH_STORAGE_DTYPES = {
@@ -121,6 +125,13 @@ def _latin1_encode(text, encoding="latin1"):
     return text.encode("latin1")
 
 
+def _paddle_dense_tensor(expression, namespace=None, *_ignored):
+    # paddle.save writes a DenseTensor as a call eval('data', {'data': array}): that one call, nothing else
+    if expression != "data" or not isinstance(namespace, dict) or not isinstance(namespace.get("data"), np.ndarray):
+        raise Refused(f"builtins.eval of {str(expression)[:60]!r}")
+    return namespace["data"]
+
+
 def _torch_device(*args):
     return ":".join(str(a) for a in args)
 
@@ -139,11 +150,12 @@ _ALLOWED = {
     ("numpy.core.numeric", "_frombuffer"): _numpy_frombuffer,
     ("numpy._core.numeric", "_frombuffer"): _numpy_frombuffer,
     ("_codecs", "encode"): _latin1_encode,
+    ("paddle.base.libpaddle", "GeneratorState"): GeneratorState,  # a random generator's seed/offset/state
 }
 for _mod in _NUMPY_MODULES:
     _ALLOWED[(_mod, "_reconstruct")] = _numpy_reconstruct
     _ALLOWED[(_mod, "scalar")] = _scalar_from_bytes
-for _name, _fn in SAFE_BUILTINS.items():
+for _name, _fn in {**SAFE_BUILTINS, "tuple": tuple, "eval": _paddle_dense_tensor}.items():
     _ALLOWED[("builtins", _name)] = _ALLOWED[("__builtin__", _name)] = _fn
 
 
@@ -155,8 +167,8 @@ class RestrictedUnpickler(pickle.Unpickler):
     """``storages``: dict filled with ``key -> StorageRef`` as persistent ids are met (PyTorch files);
     ``None`` for plain pickles, where any persistent id is refused."""
 
-    def __init__(self, file, storages=None):
-        super().__init__(file, encoding="utf-8")
+    def __init__(self, file, storages=None, encoding="utf-8"):
+        super().__init__(file, encoding=encoding)
         self.storages = storages
 
     def find_class(self, module, name):
@@ -183,6 +195,16 @@ class RestrictedUnpickler(pickle.Unpickler):
             return root
         view_key, offset, view_numel = view  # legacy files: a view into the root storage
         return StorageRef(key, storage_type.dtype, int(view_numel), base=int(offset))
+
+
+def restricted_loads(data, encoding="utf-8"):
+    """One plain pickle (no persistent ids) through the allow-list; ``Refused`` names what it would have built."""
+    return RestrictedUnpickler(io.BytesIO(data), encoding=encoding).load()
+
+
+def refusal_line(path: str, err: Refused) -> str:
+    return (f"{path}: refused to unpickle {err}: a checkpoint may only hold tensors, arrays, numbers, strings and "
+            f"containers of them (anything else could run code)")
 
 
 def materialize(obj, storage_arrays):

@@ -89,6 +89,9 @@ def repository(exports, tmp_path_factory):
     for model, options in (("rn50", {"topk": 3}), ("det", {"score_threshold": DET_THRESHOLD})):
         make_repository(exports[model], repo, name=f"{model}_onnx", backend="onnxruntime", network_runtime="python",
                         max_batch_size=4, threads=1, **options)
+    # the Python-backend model with another ppdlx_deploy runtime: onnxruntime reads the copied ONNX file
+    make_repository(exports["rn50"], repo, name="rn50_ort", predictor_backend="onnxruntime", max_batch_size=4, topk=3,
+                    threads=1)
     return repo
 
 
@@ -159,6 +162,16 @@ def test_the_onnx_ensemble_answers_like_the_onnxruntime_pipeline(server, expecte
     detector = triton_client.ServedModel(server.http_url, "http", "det_onnx")
     assert_same_detections([detector.predict([f])[0] for f in files], expected["det_onnx"])
     assert_same_detections(detector.predict(files[:3]), expected["det_onnx"][:3])
+
+
+@needs_server
+def test_the_python_model_serves_with_the_runtime_it_names(server, expected, images):
+    """``--predictor-backend onnxruntime``: the Python-backend model opens ppdlx_deploy's onnxruntime
+    predictor on the ONNX file copied into its export, and answers like the onnxruntime pipeline."""
+    files = triton_client.read_files(images)
+    served = triton_client.ServedModel(server.http_url, "http", "rn50_ort")
+    assert_same_classes([served.predict([f])[0] for f in files], expected["rn50_onnx"])
+    assert_same_classes(served.predict(files[:3]), expected["rn50_onnx"][:3])
 
 
 @needs_server
@@ -314,6 +327,10 @@ def test_python_model_config_and_files(exports, repository):
                                                                      "inference.yml"]
     assert os.path.isfile(os.path.join(version, "ppdlx_deploy", "pipeline.py"))
     assert os.path.isfile(os.path.join(version, "ppdlx_triton", "serving.py"))
+    onnx_reader = parsed_config(os.path.join(repository, "rn50_ort", "config.pbtxt"))
+    assert onnx_reader.parameters["backend"].string_value == "onnxruntime"
+    assert onnx_reader.instance_group[0].kind == onnx_reader.instance_group[0].KIND_CPU
+    assert "inference.onnx" in os.listdir(os.path.join(repository, "rn50_ort", "1", "export"))
 
 
 def test_make_repo_refusals_are_one_line(exports, tmp_path):

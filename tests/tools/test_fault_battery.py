@@ -117,8 +117,11 @@ def test_real_cases_keep_their_verdicts(real_outcomes):
 
 def test_the_report_has_a_row_per_case_and_the_counts(real_outcomes, tmp_path):
     _, outcomes = real_outcomes
+    (tmp_path / "reliability.md").write_text("# an older report\n\n| 1 | `x` |\n\n## Security\nby hand\n")
+    write_reports(outcomes, str(tmp_path / "reliability.md"), seconds=60.0, jobs=2)
     json_path = write_reports(outcomes, str(tmp_path / "reliability.md"), seconds=60.0, jobs=2)
     text = (tmp_path / "reliability.md").read_text()
+    assert text.endswith("|\n\n## Security\nby hand\n") and "older" not in text  # the hand-written part kept
     assert f"**{len(REAL)} cases: GOOD {len(REAL)}, WEAK 0, SILENT 0, DATA-LOSS 0.**" in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and "| `" in line]
     assert len(rows) == len(REAL) and all("| **GOOD** |" in row for row in rows)

@@ -161,9 +161,9 @@ def test_cli_refuses_a_malicious_file_with_exit_code_2(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert lines == [f"error: {path}: refused to unpickle 'os.system': a checkpoint may only hold tensors, dicts, "
-                     f"lists and numbers (anything else could run code); save the bare state_dict or safetensors "
-                     f"instead"]
+    assert lines == [f"error: {path}: refused to unpickle 'os.system': a checkpoint may only hold tensors, arrays, "
+                     f"numbers, strings and containers of them (anything else could run code); save the bare "
+                     f"state_dict or safetensors instead"]
     assert not marker.exists() and not (tmp_path / "out.pdparams").exists()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import glob
 import os
-import pickle
 import shutil
 import struct
 import threading
@@ -14,9 +13,12 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from ppdlx.weights.paddle_pickle import load_paddle_pickle
+from ppdlx.weights.unpickle import restricted_loads
+
 from .battery import SetupError
 
-_PADDLE_LOCK = threading.Lock()  # the battery's checks run in threads; paddle.load is called one at a time
+_PADDLE_LOCK = threading.Lock()  # the battery's checks run in threads; Paddle is called one at a time
 
 
 def truncate(path: str, keep: float = 0.5) -> str:
@@ -123,9 +125,8 @@ def temporary_entries(directory: str) -> List[str]:
 
 def read_params(path: str) -> Dict[str, np.ndarray]:
     """A ``.pdparams`` as name -> array; ``{"model": {...}}`` unwrapped."""
-    import paddle
-    with _PADDLE_LOCK:
-        loaded = paddle.load(path, return_numpy=True)
+    with open(path, "rb") as f, _PADDLE_LOCK:  # through the allow-list: what a run left may be planted
+        loaded = load_paddle_pickle(f.read(), return_numpy=True)
     if isinstance(loaded, dict) and isinstance(loaded.get("model"), dict):
         loaded = loaded["model"]
     return {k: np.asarray(v) for k, v in loaded.items()}
@@ -160,7 +161,7 @@ def checkpoint_epoch(directory: str, name: str) -> Optional[int]:
     except SetupError:
         return None
     with open(path, "rb") as f:
-        states = pickle.load(f)
+        states = restricted_loads(f.read())
     epoch = states.get("epoch") if isinstance(states, dict) else None
     return int(epoch) if epoch is not None else None
 

@@ -10,6 +10,7 @@ from .battery import SETUP, VERDICTS, counts
 
 RERUN = "python tools/fault_battery.py"
 MESSAGE_CHARS = 260
+HAND_WRITTEN = "## Security"  # from this heading on the report is written by hand: kept when it is regenerated
 
 LEGEND = """\
 Verdicts come from explicit per-case checks (`tools/reliability/battery.py`, `judge`), in this order:
@@ -50,6 +51,15 @@ def _relative(row: dict, work: str) -> dict:
     return {k: v.replace(prefix, "") if isinstance(v, str) else v for k, v in row.items()}
 
 
+def _hand_written(markdown_path: str) -> str:
+    if not os.path.exists(markdown_path):
+        return ""
+    with open(markdown_path, encoding="utf-8") as f:
+        text = f.read()
+    start = text.find("\n" + HAND_WRITTEN + "\n")
+    return text[start + 1:] if start >= 0 else ""
+
+
 def write_reports(outcomes: Sequence, markdown_path: str, seconds: float, jobs: int, work: str = "") -> str:
     """Write ``markdown_path`` and ``<same name>.json`` (paths under ``work`` shown relative to it); returns the
     JSON path."""
@@ -81,8 +91,9 @@ def write_reports(outcomes: Sequence, markdown_path: str, seconds: float, jobs: 
         lines.append(f"| {i} | `{o.case.name}` | {o.case.area} | {o.case.tool} | {_cell(o.description, work)} | "
                      f"{code} | {_cell(o.message, work)} | **{o.verdict}** | {_cell(o.reason, work)} |")
     os.makedirs(os.path.dirname(os.path.abspath(markdown_path)), exist_ok=True)
+    kept = _hand_written(markdown_path)
     with open(markdown_path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write("\n".join(lines) + "\n" + (f"\n{kept}" if kept else ""))
     json_path = os.path.splitext(markdown_path)[0] + ".json"
     with open(json_path, "w", encoding="utf-8") as f:
         json.dump({"generated": now, "machine": machine, "jobs": jobs, "seconds": round(seconds, 1),

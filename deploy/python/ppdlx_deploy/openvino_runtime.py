@@ -25,6 +25,7 @@ from .errors import DeployError, UnsupportedError
 from .integrity import check_onnx_file
 from .meta import load_meta, model_files
 from .plan import default_threads
+from .signal_stack import signal_stack_kept
 
 PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16"}
 
@@ -65,9 +66,10 @@ class OpenVinoPredictor:
         else:
             model_files(model_dir, self.meta)  # program and weights checked before OpenVINO reads them
         threads = int(threads or default_threads())
-        self.core = ov.Core()
         try:
-            self.model = self.core.read_model(path)
+            with signal_stack_kept():  # every call into the plugin: it swaps the thread's signal stack
+                self.core = ov.Core()
+                self.model = self.core.read_model(path)
         except RuntimeError as err:
             first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
             raise DeployError(f"{path}: OpenVINO cannot read it ({first[:160]}); re-export the model") from None
@@ -87,8 +89,9 @@ class OpenVinoPredictor:
                                + (", compiled per input shape" if static_shapes else ", dynamic batch")]}
 
     def _compile(self, model) -> tuple:
-        compiled = self.core.compile_model(model, "CPU", self.properties)
-        return compiled, compiled.create_infer_request()
+        with signal_stack_kept():
+            compiled = self.core.compile_model(model, "CPU", self.properties)
+            return compiled, compiled.create_infer_request()
 
     def _request(self, feeds: Dict[str, np.ndarray]) -> tuple:
         if not self.static_shapes:
@@ -102,6 +105,7 @@ class OpenVinoPredictor:
 
     def run(self, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
         compiled, request = self._request(feeds)
-        result = request.infer({name: np.ascontiguousarray(feeds[name]) for name in self.input_names},
-                               share_inputs=True)
+        with signal_stack_kept():
+            result = request.infer({name: np.ascontiguousarray(feeds[name]) for name in self.input_names},
+                                   share_inputs=True)
         return [np.asarray(result[port]) for port in compiled.outputs]

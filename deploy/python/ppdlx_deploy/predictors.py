@@ -17,6 +17,7 @@ from .errors import DeployError
 from .integrity import check_onnx_file, runtime_load_error
 from .meta import load_meta, model_files, onnx_precision
 from .plan import build_plan, check_backend_available, default_threads
+from .signal_stack import signal_stack_kept
 from .trt import SUBGRAPH, convert_pir_trt, drop_engines_of_other_shapes, subgraph_engine_count
 
 
@@ -107,7 +108,9 @@ class PaddlePredictor:
         apply_plan(config, self.plan["calls"])
         config.disable_glog_info()
         self.config = config
-        with _executor_flags(self._serial_run):
+        # Paddle's OpenVINO engine loads OpenVINO's CPU plugin, which swaps the thread's signal stack
+        self._keeps_signal_stack = self.plan["engine"] == "paddle-openvino"
+        with _executor_flags(self._serial_run), signal_stack_kept():
             self.predictor = _create_paddle_predictor(pi, config, self.files)
         self.input_names = list(self.predictor.get_input_names())
         self.output_names = list(self.predictor.get_output_names())
@@ -119,10 +122,13 @@ class PaddlePredictor:
             array = feeds[name]
             handle.reshape(list(array.shape))
             handle.copy_from_cpu(array)
-        if self._built:
+        if self._built and not self._keeps_signal_stack:
             self.predictor.run()
+        elif self._built:
+            with signal_stack_kept():
+                self.predictor.run()
         else:
-            with _executor_flags(self._serial_run):
+            with _executor_flags(self._serial_run), signal_stack_kept():
                 self.predictor.run()
             self._built = True
             if self.plan["engine"] == SUBGRAPH:  # the subgraph pass has built (or loaded) its engines by now

@@ -32,7 +32,10 @@ from . import config as C
 from .serving import IMAGE_INPUT, IMAGE_SIZE, onnx_outputs, pack_labels, result_names
 
 BACKENDS = ("python", "onnxruntime")
-PREDICTOR_BACKENDS = ("paddle-cpu", "paddle-gpu", "trt")
+PREDICTOR_BACKENDS = ("auto", "paddle-cpu", "onnxruntime", "openvino", "paddle-gpu", "trt")
+GPU_PREDICTORS = ("paddle-gpu", "trt")
+# these read the export's ONNX file (openvino reads a legacy program too; auto may choose either runtime)
+ONNX_READERS = ("auto", "onnxruntime", "openvino")
 # The ONNX route's network step: Triton's ONNX Runtime backend (GPU, TensorRT), or onnxruntime inside a
 # Python-backend model on CPU, for a server without that backend (the nvidia-pytriton wheel's).
 NETWORK_RUNTIMES = ("triton", "python")
@@ -137,7 +140,7 @@ def check_options(meta: dict, options: dict) -> None:
 
 def python_model(out: str, name: str, model_dir: str, meta: dict, options: dict) -> List[str]:
     files = model_files(model_dir, meta)
-    gpu = options["predictor_backend"] != "paddle-cpu"
+    gpu = options["predictor_backend"] in GPU_PREDICTORS
     parameters = {**_step_parameters("pipeline", options, meta), "backend": options["predictor_backend"],
                   "precision": options["precision"], "instance_count": str(options["instances"])}
     if options.get("threads"):
@@ -152,8 +155,11 @@ def python_model(out: str, name: str, model_dir: str, meta: dict, options: dict)
                                     options["queue_delay_us"]),
         parameters=parameters)
     model_root = os.path.join(out, name)
-    _copy_code(os.path.join(model_root, "1"),
-               [files["model_file"], files["params_file"], os.path.join(model_dir, "inference.yml")])
+    export_files = [files["model_file"], files["params_file"], os.path.join(model_dir, "inference.yml")]
+    onnx_file = os.path.join(model_dir, meta["model"].get("onnx_file") or "inference.onnx")
+    if options["predictor_backend"] in ONNX_READERS and os.path.isfile(onnx_file):
+        export_files.append(onnx_file)
+    _copy_code(os.path.join(model_root, "1"), export_files)
     _write(os.path.join(model_root, "config.pbtxt"), text)
     _write_labels(model_root, meta)
     return [name]
