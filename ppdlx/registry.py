@@ -64,4 +64,4 @@ DATASETS = Registry("dataset")
 LOSSES = Registry("loss")
 OPTIMIZERS = Registry("optimizer")
 LR_SCHEDULES = Registry("lr schedule")
-TASKS = Registry("task")  # ppdlx.engine.tasks: classification, detection
+TASKS = Registry("task")  # ppdlx.tasks: classification, detection

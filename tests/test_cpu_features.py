@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from benchmarks.infer import load_deploy_module
 from ppdlx import cpu_features as F
-from ppdlx.benchmarks.infer import load_deploy_module
 
 D = load_deploy_module()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -2,7 +2,7 @@
 
 Prints a table and writes ``{"machine": {...}, "rows": [{"case", "images_per_s", ...}]}``; ``machine``
 records the CPU (model, vendor, the flags that select kernels, cores), library versions and the
-thread settings of every kind (``ppdlx.benchmarks.machine_facts``).
+thread settings of every kind (``benchmarks.machine_facts``).
 """
 import importlib
 import warnings
@@ -28,7 +28,7 @@ def main():
     # paddle's import (some kinds load it with their module) warns about a missing compiler cache
     # for custom C++ ops: noise here, and it would break the one-line error contract.
     warnings.filterwarnings("ignore", message="No ccache found")
-    from ppdlx.benchmarks import KINDS, format_table, machine_facts
+    from benchmarks import KINDS, format_table, machine_facts
     parser = ToolParser(description=__doc__)
     sub = parser.add_subparsers(dest="kind", required=True)
     modules = {}

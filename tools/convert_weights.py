@@ -26,7 +26,8 @@ def main():
     parser.add_argument("--report", help="write the import metadata as JSON to this file")
     args = parser.parse_args()
     from ppdlx.errors import ConfigError
-    from ppdlx.weights import convert_weights, summary_line
+    from ppdlx.checkpoint import convert_weights
+    from ppdlx.weights import summary_line
     if args.num_classes is not None and args.num_classes < 1:
         raise ConfigError(f"--num-classes {args.num_classes}: must be at least 1")
     meta = convert_weights(args.source, args.src, args.model, args.output, num_classes=args.num_classes,

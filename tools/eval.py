@@ -21,9 +21,9 @@ def main():
             check_output_dir("--analysis", analysis_dir)
     from ppdlx.engine.run import evaluate
     report = evaluate(cfg, analysis_dir)
-    from ppdlx.engine import dist
+    from ppdlx import dist
     if dist.rank() == 0:
-        from ppdlx.engine.tasks import task_of
+        from ppdlx.tasks import task_of
         task = task_of(cfg)
         print(f"eval: {task.format_metrics(report, task.eval_headline)} ({report['images']} images, "
               f"{report['seconds']:.1f} s)")

@@ -5,7 +5,7 @@ DATA-LOSS by explicit checks, written to docs/reliability.md and docs/reliabilit
     python tools/fault_battery.py -k deploy_ -k kill_during_save --out /tmp/r.md   # a subset
     python tools/fault_battery.py --list
 
-The cases live in ppdlx/reliability/cases_*.py; each builds its fault in its own directory under --work
+The cases live in tools/reliability/cases_*.py; each builds its fault in its own directory under --work
 (default: a temporary directory, removed at the end unless --keep). Shared inputs (a small digits tree, a
 2-epoch training run, its exports, a small COCO set) are made once, when a case first needs them.
 Exits 0 whatever the verdicts (the report is the result); non-zero only when the battery itself fails.
@@ -34,10 +34,10 @@ def main():
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: give 1 or more")
 
-    from ppdlx.reliability import all_cases
-    from ppdlx.reliability.battery import counts, run_battery, VERDICTS
-    from ppdlx.reliability.report import write_reports
-    from ppdlx.reliability.workspace import Fixtures, case_context_factory
+    from reliability import all_cases
+    from reliability.battery import counts, run_battery, VERDICTS
+    from reliability.report import write_reports
+    from reliability.workspace import Fixtures, case_context_factory
     cases = [c for c in all_cases() if not args.k or any(k in c.name for k in args.k)]
     if args.list:
         for case in cases:

@@ -4,7 +4,7 @@
     python tools/infer.py -c configs/demo/efficientdet_demo.yaml \
         -o model.weights=output/efficientdet_demo/best --image some.jpg --output out.png
 
-The model's ``default_cfg["task"]`` picks what is predicted (the exported-model path is deploy/'s).
+The task the model's ``default_cfg`` names picks what is predicted (the exported-model path is deploy/'s).
 
 Classification: ``--image`` is an image file, a folder of images, or a list file (any other file: one
 image path per line, relative paths from the list file's folder; blank lines and ``#`` lines skipped).
@@ -129,10 +129,10 @@ def class_names(args, cfg):
 def saved_class_names(weights, num_classes):
     """``(names, where)`` of the class list saved with the checkpoint ``weights``: its ``.pdstates`` (training
     saves the class folder names there), else a ``classes.json`` beside it; None when it has neither."""
-    from ppdlx.engine.checkpoint_files import strip_suffix
-    from ppdlx.engine.tasks.class_list import saved_class_names as from_states
+    from ppdlx.checkpoint import strip_suffix
     from ppdlx.errors import ConfigError
     from ppdlx.export.api import labels_from_checkpoint
+    from ppdlx.tasks.class_list import saved_class_names as from_states
     if not weights:
         return None
     names = from_states(weights)
@@ -162,10 +162,10 @@ def classify(args, cfg, model):
     import numpy as np
     import paddle
 
+    from ppdlx.checkpoint import load_weights
     from ppdlx.data.transforms import EvalTransform
-    from ppdlx.engine.checkpoint import load_weights
     from ppdlx.errors import ConfigError
-    from ppdlx.models.model_cfg import eval_transforms_changes
+    from ppdlx.tasks.preprocess import eval_transforms_changes, resolve_preprocessing
     if not cfg.model.weights:
         raise ConfigError("model.weights is not set: pass -o model.weights=<checkpoint prefix>")
     output_format = prediction_format(args.output) if args.output else None
@@ -181,7 +181,6 @@ def classify(args, cfg, model):
     if source == "model":
         cfg = cfg.replace(eval_transforms_changes(model.default_cfg))
     else:  # what training used: the config's values, its nulls from the model's default_cfg
-        from ppdlx.engine.preprocess_cfg import resolve_preprocessing
         cfg = resolve_preprocessing(cfg)
     t = cfg.data.transforms
     transform = EvalTransform(t, cfg.model.data_format)
@@ -221,14 +220,16 @@ def classify(args, cfg, model):
                         f"the other {len(predictions)} were predicted")
 
 
-def detect(args, cfg):
-    from ppdlx.engine.detect_image import Detector, draw_detections
+def detect(args, cfg, model):
+    from _infer_detection import Detector, draw_detections  # infer.py's detection half: it imports paddle
+
     from ppdlx.errors import ConfigError
     if args.labels:
         raise ConfigError("--labels is for classification: detection names come from classes.json next to the "
                           "weights or the config's COCO json")
     if os.path.isdir(args.image):
         raise ConfigError(f"--image {args.image}: detection takes one image file, not a folder")
+    del model  # the detector builds its own at data.coco.image_size
     det = Detector(cfg, nms=args.nms, score_threshold=args.score_threshold)
     image, boxes, scores, classes = det.detect(read_rgb(args.image))
     out = args.output or os.path.splitext(args.image)[0] + "_det.png"
@@ -268,14 +269,17 @@ def main():
         raise ConfigError(f"--top-k {args.top_k} / --batch-size {args.batch_size}: both must be at least 1")
     import paddle
 
-    from ppdlx.engine.builders import build_model, resolve_device
+    from ppdlx.dist import resolve_device
+    from ppdlx.models.from_config import build_model
+    from ppdlx.tasks import task_of_model
     paddle.set_device(resolve_device(cfg.global_.device))
     model = build_model(cfg)
-    if model.default_cfg["task"] == "classification":
-        return classify(args, cfg, model)
-    del model  # the detector builds its own at data.coco.image_size
-    return detect(args, cfg)
+    predict = PREDICT[task_of_model(model.default_cfg).name]
+    return predict(args, cfg, model)
 
+
+# what each task predicts for an image (the task the model's default_cfg names)
+PREDICT = {"classification": classify, "detection": detect}
 
 if __name__ == "__main__":
     run(main)

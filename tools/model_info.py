@@ -16,18 +16,18 @@ def main():
     parser.add_argument("--max-layers", type=int, default=None, help="print at most this many layer rows")
     args = parser.parse_args()
     cfg = load(args)
-    from ppdlx.engine.builders import build_model
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
     from ppdlx.errors import ConfigError
-    from ppdlx.models.info import config_resolution, model_info
+    from ppdlx.models.from_config import build_model
+    from ppdlx.models.info import model_info
+    from ppdlx.tasks import task_of_model
+    from ppdlx.tasks.preprocess import config_resolution, resolve_preprocessing
     if args.resolution is not None and args.resolution < 8:
         raise ConfigError(f"--resolution {args.resolution}: must be at least 8")
     model = build_model(cfg)
     resolution = args.resolution or config_resolution(resolve_preprocessing(cfg), model.default_cfg)
-    if model.default_cfg["task"] == "detection" and model.default_cfg["input_size"][1] != resolution:
-        # a detection model is built for one input size (its anchors)
-        cfg = cfg.replace({"model.args": {**cfg.model.args, "image_size": resolution}})
-        model = build_model(cfg)
+    sized = task_of_model(model.default_cfg).config_at_resolution(cfg, model, resolution)
+    if sized is not cfg:  # a detection model is built for one input size (its anchors)
+        cfg, model = sized, build_model(sized)
     info = {"model": cfg.model.name, **model_info(model, resolution, cfg.model.data_format)}
     rows = info["layers"] if args.max_layers is None else info["layers"][:args.max_layers]
     width = max([len(r["name"]) for r in rows] + [4])

@@ -43,7 +43,7 @@ def check(args, parser):
         rules = SparsityRules.from_config(cfg.asp)
         if args.prune_classifier:
             rules = SparsityRules(**{**rules.to_dict(), "prune_classifier": True})
-        from ppdlx.engine.builders import build_model
+        from ppdlx.models.from_config import build_model
         model = build_model(cfg)
     result = check_path(args.check, rules, model)
     print(f"{result['source']}: {result['format']}, pattern {result['pattern']}")
@@ -61,12 +61,12 @@ def prune(args):
         raise ConfigError("model.weights is not set: ASP prunes a trained dense model; "
                           "pass -o model.weights=<dense checkpoint prefix> (or train.resume=auto to continue)")
     cfg = cfg.replace({"asp.enabled": True})
-    from ppdlx.engine import dist
-    from ppdlx.engine.builders import build_model, count_trainable_params
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
-    from ppdlx.models.info import config_resolution, model_info
+    from ppdlx import dist
     from ppdlx.engine.run import train
-    from ppdlx.engine.tasks import task_of
+    from ppdlx.models.from_config import build_model
+    from ppdlx.models.info import count_trainable_params, model_info
+    from ppdlx.tasks.preprocess import config_resolution, resolve_preprocessing
+    from ppdlx.tasks import task_of
     from ppdlx.sparsity import ASPHook, check_path, raise_on_violation
     from ppdlx.sparsity.report import add_flops, format_table, summarize, summary_lines
     hook = ASPHook.from_config(cfg.asp)

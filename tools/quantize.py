@@ -97,7 +97,7 @@ def main():
             print(line)
         print(f"meta: {report['meta_file']}")
         if args.benchmark_rounds:
-            from ppdlx.benchmarks.infer_int8 import compare_latency, format_latency
+            from benchmarks.infer_int8 import compare_latency, format_latency
             report["latency"] = compare_latency(fp32_dir, args.output_dir, sizes, rounds=args.benchmark_rounds,
                                                 threads=args.benchmark_threads,
                                                 progress=lambda line: print(line, flush=True))

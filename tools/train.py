@@ -10,9 +10,9 @@ def main():
     cfg = load(args)
     from ppdlx.engine.run import train
     report = train(cfg)
-    from ppdlx.engine import dist
+    from ppdlx import dist
     if dist.rank() == 0:
-        from ppdlx.engine.tasks import task_of
+        from ppdlx.tasks import task_of
         task = task_of(cfg)
         print(f"final: {task.format_metrics(report, task.headline)} ({report.get('images', 0)} val images, "
               f"{report['epochs']} epochs) -> {report['output_dir']}")

@@ -70,7 +70,7 @@ def worker(args):
 
 def driver(args):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from ppdlx.benchmarks.infer import load_deploy_module
+    from benchmarks.infer import load_deploy_module
     from ppdlx.cpu_features import cpu_features
     ratio_stats = load_deploy_module().ratio_stats  # the benchmarks' per-round ratios and their spread
     rows = []

@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import time
-import types
 
 CASES = ("float32", "float32-paddle-add-relu", "bf16-activations", "bf16-paddle-sum", "bf16-convolutions")
 PAIRS = (("float32", "float32-paddle-add-relu"), ("bf16-activations", "bf16-paddle-sum"),
@@ -29,14 +28,13 @@ PAIRS = (("float32", "float32-paddle-add-relu"), ("bf16-activations", "bf16-padd
 
 def _earlier_plan(model, case):
     """Undo the plan's latest step where ``case`` asks for the plan before it."""
-    import ppdlx.engine.cpu_bf16_activations as activations
-    from ppdlx.models.resnet import Bottleneck
+    import ppdlx.models.resnet_bf16 as activations
     from ppdlx.ops import onednn
     if case == "float32-paddle-add-relu":
         for block in [b for stage in model.stages for b in stage]:
-            block.forward = types.MethodType(Bottleneck.forward, block)
+            block.cpu_kernel = None  # Paddle's add and ReLU
     elif case == "bf16-convolutions":
-        del model.forward_features  # the class's forward: bf16 convolutions on float32 tensors
+        model.bf16_activations = False  # the float32 forward: bf16 convolutions on float32 tensors
     elif case == "bf16-paddle-sum":
         def bottleneck(block, x, bf16=True):  # the block's input read twice: Paddle sums its gradients
             identity = x if block.shortcut is None else activations.conv_norm(block.shortcut, x, bf16)
@@ -50,11 +48,11 @@ def worker(args):
     import numpy as np
     import paddle
 
-    from ppdlx.engine.cpu_kernels import switch_to_fast_kernels
+    from ppdlx.layers import layer_config
     from ppdlx.models import build_model
     paddle.seed(0)
-    model = build_model("resnet50", num_classes=1000, data_format="NHWC")
-    switch_to_fast_kernels(model, bf16=args.worker.startswith("bf16"))
+    with layer_config(cpu_kernels=True, bf16=args.worker.startswith("bf16")):
+        model = build_model("resnet50", num_classes=1000, data_format="NHWC")
     _earlier_plan(model, args.worker)
     model.train()
     optimizer = paddle.optimizer.Momentum(0.01, parameters=model.parameters())
@@ -78,7 +76,7 @@ def worker(args):
 
 
 def driver(args):
-    from ppdlx.benchmarks.infer import load_deploy_module
+    from benchmarks.infer import load_deploy_module
     from ppdlx.cpu_features import cpu_features
     ratio_stats = load_deploy_module().ratio_stats  # the benchmarks' per-round ratios and their spread
     cases = [c for c in CASES if c in args.cases.split(",")]

@@ -7,6 +7,7 @@ import argparse
 
 from _cli import run  # first: puts ppdlx_triton and ppdlx_deploy on sys.path
 from ppdlx_deploy import list_images
+from ppdlx_deploy.postprocess import result_text
 from ppdlx_triton.client import PROTOCOLS, ask
 
 
@@ -20,11 +21,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     family, answers = ask(args.url, args.protocol, args.model, list_images(args.input), args.topk)
     for path, result in answers:
-        if family == "classification":
-            print(f"{path}: " + ", ".join(f"{label} (id {c}) {s:.4f}" for c, label, s in result))
-        else:
-            print(f"{path}: {len(result)} detections" + "".join(
-                f"\n  {label} (id {c}) {s:.3f} [{', '.join(f'{v:.1f}' for v in box)}]" for box, s, c, label in result))
+        print(result_text({"model": {"family": family}}, path, result))
     return 0
 
 

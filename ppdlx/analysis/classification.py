@@ -23,7 +23,7 @@ MATRIX_IN_REPORT = 100  # classes up to which the confusion matrix goes into the
 
 def to_probabilities(scores) -> np.ndarray:
     """Rows that already are distributions are kept; anything else is treated as logits."""
-    from scipy.special import softmax
+    from scipy.special import softmax  # scikit-learn (and SciPy): only the per-class analysis, seconds to import
     s = np.asarray(scores, np.float64)
     if s.ndim != 2:
         raise ValueError(f"scores must be [images, classes], got shape {s.shape}")
@@ -36,6 +36,7 @@ def classification_metrics(labels, scores, class_names, paths=None, top_errors: 
     """The numbers (no files): ``accuracy``, ``per_class`` {name: precision, recall, f1, support,
     most_confused_with, confused}, ``macro avg``/``weighted avg``, ``confusion_matrix`` (counts, rows = true
     class) and ``most_confident_errors``."""
+    # scikit-learn: only the per-class analysis, seconds to import
     from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
     labels = np.asarray(labels, np.int64).reshape(-1)
     probs = to_probabilities(scores)
@@ -78,7 +79,7 @@ def classification_analysis(labels, scores, paths, class_names, out_dir: str, to
                             figures: bool = True) -> dict:
     """``classification_metrics`` plus ``analysis.md``, ``confusion.png`` and ``errors.png`` in ``out_dir``
     (figures only with matplotlib installed). Returns the metrics with ``files`` {name: path}."""
-    from sklearn.metrics import confusion_matrix
+    from sklearn.metrics import confusion_matrix  # scikit-learn: only the per-class analysis
     result = classification_metrics(labels, scores, class_names, paths, top_errors)
     os.makedirs(out_dir, exist_ok=True)
     drawn, skipped = {}, {}

@@ -15,7 +15,7 @@ from ppdlx.errors import DataError
 
 def area_thresholds():
     """(small/medium, medium/large) area limits, from pycocotools' own evaluation parameters."""
-    from pycocotools.cocoeval import Params
+    from pycocotools.cocoeval import Params  # optional (ppdlx[coco]): only COCO data are scanned with it
     ranges = dict(zip(Params(iouType="bbox").areaRngLbl, Params(iouType="bbox").areaRng))
     return float(ranges["small"][1]), float(ranges["medium"][1])
 

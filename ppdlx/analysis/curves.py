@@ -16,6 +16,7 @@ import os
 import numpy as np
 
 from ppdlx.analysis.figures import PLOT_EXTRA, figure_skipped, new_figure, plotting_available, save_png
+from ppdlx.config import load_yaml_with_bases
 from ppdlx.errors import ConfigError, DataError
 
 log = logging.getLogger("ppdlx.analysis")
@@ -85,7 +86,6 @@ def _flatten(tree, prefix="") -> dict:
 
 
 def _run_config(run_dir: str) -> dict:
-    from ppdlx.config import load_yaml_with_bases
     path = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(path):
         return {}

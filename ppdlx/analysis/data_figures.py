@@ -36,7 +36,7 @@ def detection_samples_size(images: int):
 def write_data_samples(report, path: str, samples: int = 8) -> str:
     """``samples`` images per class (classification) or in all (detection), from the training split."""
     split = report.splits["train"]
-    fig = _detection_figure(split, samples) if report.task == "detection" else \
+    fig = _detection_figure(split, samples) if report.boxes else \
         _classification_figure(split, samples)
     return save_png(fig, path)
 

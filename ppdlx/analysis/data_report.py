@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ppdlx.analysis.coco_scan import scan_coco_split
+from ppdlx.analysis.data_figures import write_data_samples
 from ppdlx.analysis.data_scan import SplitReport, cross_split_duplicates, scan_image_folder_split
 from ppdlx.analysis.data_text import as_dict, markdown, split_line, summary_text
 from ppdlx.analysis.tables import write_text
+from ppdlx.data.coco import coco_paths
 from ppdlx.data.image_folder import describe_classes_without_images, quoted
 from ppdlx.errors import DataError
 
@@ -30,8 +32,9 @@ def _count(n: int, noun: str, plural: str = "") -> str:
 
 @dataclass
 class DataReport:
-    task: str                                     # "classification" | "detection"
+    task: str                                     # the task the data train ("classification" | "detection")
     splits: dict                                  # "train" / "val" -> SplitReport
+    boxes: bool = False                           # annotated with boxes in categories, not by class folders
     duplicates: list = field(default_factory=list)  # (val path, identical train path)
     problems: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
@@ -61,7 +64,6 @@ class DataReport:
         os.makedirs(out_dir, exist_ok=True)
         written = {}
         if figures:
-            from ppdlx.analysis.data_figures import write_data_samples
             written["data_samples.png"] = write_data_samples(self, os.path.join(out_dir, "data_samples.png"),
                                                              samples)
         written["data_report.md"] = write_text(
@@ -75,7 +77,7 @@ def check_data(cfg, decode: bool = True, hash_files: bool = True, config_path: s
     reads annotations (seconds even for ImageNet): what a start-of-training check can afford."""
     kind = _DATASET_KINDS[cfg.data.dataset]
     splits = {split: kind.scan(cfg, split, decode, hash_files) for split in ("train", "val")}
-    report = DataReport(kind.task, splits, config=config_path, hashed=hash_files)
+    report = DataReport(kind.task, splits, kind.boxes, config=config_path, hashed=hash_files)
     report.duplicates = cross_split_duplicates(splits["train"], splits["val"])
     _judge(report, cfg)
     return report
@@ -100,7 +102,6 @@ def _stops_on_unreadable(cfg) -> bool:
 
 
 def _scan_coco(cfg, split: str, decode: bool, hash_files: bool) -> SplitReport:
-    from ppdlx.data.coco import coco_paths
     json_path, image_dir = coco_paths(cfg, split)
     return scan_coco_split(json_path, image_dir, split, cfg.data.backend, decode, hash_files)
 
@@ -112,27 +113,29 @@ def _scan_image_folder(cfg, split: str, decode: bool, hash_files: bool) -> Split
 
 @dataclass(frozen=True)
 class _DatasetKind:
-    task: str                 # the words the report uses (DataReport.task)
+    """What the report reads and says for one dataset format."""
+    task: str                 # the task the data train (DataReport.task)
     scan: Callable            # (cfg, split, decode, hash_files) -> SplitReport
-
-
-# By data.dataset (the DATASETS names): the report reads files, so it asks the dataset's format. It cannot
-# ask ppdlx.engine.tasks.task_of: the engine imports this module (start-of-training check) and the task
-# plug-ins import ppdlx.analysis (run analysis), so that import would close a cycle.
-_DATASET_KINDS = {"coco": _DatasetKind("detection", _scan_coco),
-                  "image_folder": _DatasetKind("classification", _scan_image_folder)}
+    boxes: bool               # annotated with boxes in categories (COCO), not images in class folders
+    empty_fix: Callable       # n -> what to do about n classes without images (categories without boxes)
 
 
 # What to do about classes without images (categories without boxes) in a split: labels are positions in the
 # sorted folder names (category ids), so a class can only go from every split at once.
-_EMPTY_CLASS_FIX = {
-    "classification": lambda n: (f"add images to {'that folder' if n == 1 else 'those folders'} or remove "
-                                 f"{'it' if n == 1 else 'them'} from every split (class indices follow the sorted "
-                                 f"folder names)"),
-    "detection": lambda n: (f"add boxes of {'it' if n == 1 else 'them'} to the json or remove "
-                            f"{'it' if n == 1 else 'them'} from 'categories' in every split's json (class indices "
-                            f"follow the sorted category ids)"),
-}
+def _folder_fix(n: int) -> str:
+    return (f"add images to {'that folder' if n == 1 else 'those folders'} or remove {'it' if n == 1 else 'them'} "
+            f"from every split (class indices follow the sorted folder names)")
+
+
+def _category_fix(n: int) -> str:
+    return (f"add boxes of {'it' if n == 1 else 'them'} to the json or remove {'it' if n == 1 else 'them'} from "
+            f"'categories' in every split's json (class indices follow the sorted category ids)")
+
+
+# By data.dataset (the DATASETS names): the report reads files, so it asks the dataset's format (the task
+# plug-ins, above this package, are not asked).
+_DATASET_KINDS = {"coco": _DatasetKind("detection", _scan_coco, True, _category_fix),
+                  "image_folder": _DatasetKind("classification", _scan_image_folder, False, _folder_fix)}
 
 
 def _no_boxes(split: SplitReport) -> str:
@@ -146,14 +149,14 @@ def _no_boxes(split: SplitReport) -> str:
 
 def _judge(report: DataReport, cfg) -> None:
     train, val = report.splits["train"], report.splits["val"]
-    kind, plural = ("category", "categories") if report.task == "detection" else ("class", "classes")
-    has = "boxes" if report.task == "detection" else "images"
+    kind, plural = ("category", "categories") if report.boxes else ("class", "classes")
+    has = "boxes" if report.boxes else "images"
     for split in (train, val):
         if split.error:
             report.problems.append(split.error)
             continue
         empty = [c for c, n in zip(split.classes, split.class_counts) if n == 0]
-        detection = report.task == "detection"
+        detection = report.boxes
         if detection and split is train and split.classes and not any(split.class_counts):
             report.problems.append(_no_boxes(split))
         elif empty:
@@ -165,10 +168,10 @@ def _judge(report: DataReport, cfg) -> None:
             if detection and split is val:
                 report.warnings.append(line)
             else:
-                report.problems.append(f"{line}; {_EMPTY_CLASS_FIX[report.task](len(empty))}")
+                report.problems.append(f"{line}; {_DATASET_KINDS[cfg.data.dataset].empty_fix(len(empty))}")
         _judge_files(report, split, cfg)
     if train.classes and val.classes and not train.error and not val.error:
-        if report.task == "detection" and train.cat_ids != val.cat_ids:
+        if report.boxes and train.cat_ids != val.cat_ids:
             report.problems.append(f"category ids differ between {train.source} {train.cat_ids[:10]} and "
                                    f"{val.source} {val.cat_ids[:10]}; both splits must list the same categories")
         elif train.classes != val.classes:

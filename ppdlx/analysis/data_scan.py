@@ -95,7 +95,7 @@ def _decoded_size(img, rng):
 def decode_with_dali(paths):
     """(unreadable [(path, reason)], sizes) the way the DALI loaders see the files."""
     with dali_required():
-        from ppdlx.data.dali_fed_loader import find_undecodable
+        from ppdlx.data.dali_fed_loader import find_undecodable  # the DALI backend: optional (nvidia-dali)
     bad = find_undecodable(list(paths))
     failed = {p for p, _ in bad}
     return bad, {p: s for p, s in header_sizes(paths).items() if p not in failed}

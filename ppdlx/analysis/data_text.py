@@ -45,7 +45,7 @@ def summary_rows(report):
             rows.append([split.name, split.images] + ["-"] * (width - 2))
             continue
         unreadable = len(split.unreadable) if split.decoder else "not decoded"
-        if report.task == "detection":
+        if report.boxes:
             b = boxes_per_image_summary(split)
             rows.append([split.name, split.images, split.boxes, f"{b['mean']:.2f}/{b['max']}", b["without_boxes"],
                          len(split.classes), _count_cell(split.class_counts), split.imbalance,
@@ -59,7 +59,7 @@ def summary_rows(report):
 
 
 def summary_headers(report):
-    if report.task == "detection":
+    if report.boxes:
         return ["split", "images", "boxes", "boxes/image mean/max", "no boxes", "categories",
                 "boxes/category min/med/max", "imbalance", "small", "medium", "large", "crowd", "touching border",
                 "leaving image", "invalid (left out)", "unreadable", "image size"]
@@ -78,7 +78,7 @@ def class_rows(report):
     for i, name in enumerate(names):
         row = [name, train_n.get(name, "-"), val_n.get(name, "-"),
                f"{100.0 * train_n.get(name, 0) / total:.1f}%"]
-        if report.task == "detection":
+        if report.boxes:
             imgs = dict(zip(train.classes, train.category_images))
             row.insert(2, imgs.get(name, "-"))
         rows.append(row)
@@ -86,7 +86,7 @@ def class_rows(report):
 
 
 def class_headers(report):
-    if report.task == "detection":
+    if report.boxes:
         return ["category", "train boxes", "train images", "val boxes", "train share"]
     return ["class", "train images", "val images", "train share"]
 
@@ -98,7 +98,7 @@ def split_line(report, split) -> str:
     counts = split.class_counts
     spread = f"{min(counts)}..{max(counts)}" if counts else "-"
     imbalance = "" if split.imbalance is None else f", imbalance {split.imbalance:.2f}"
-    if report.task == "detection":
+    if report.boxes:
         return (f"{split.name} {split.images} images, {split.boxes} boxes, {len(split.classes)} categories "
                 f"({spread} boxes each{imbalance}) in {split.source}")
     return (f"{split.name} {split.images} images, {len(split.classes)} classes ({spread} each{imbalance}) in "
@@ -143,11 +143,11 @@ def markdown(report, samples_png=None) -> str:
         how = f"decoded with {split.decoder}" if split.decoder else "not decoded (sizes from headers/json)"
         lines.append(f"- {split.name}: `{split.source}` ({how})")
     lines += ["", "## Splits", "", markdown_table(summary_headers(report), summary_rows(report)), ""]
-    if report.task == "detection":
+    if report.boxes:
         lines += ["Boxes per COCO area range (pycocotools' limits 32² and 96² px²; a box exactly on a limit counts "
                   "in the larger range). 'touching border': an edge on the image border; 'leaving image': reaching "
                   "past it (the loader clips up to 1 px, beyond that the annotation is invalid and left out).", ""]
-    lines += ["## Classes" if report.task == "classification" else "## Categories", "",
+    lines += ["## Categories" if report.boxes else "## Classes", "",
               markdown_table(class_headers(report), class_rows(report)), ""]
     lines += ["## Image sizes", ""]
     for split in report.splits.values():
@@ -180,7 +180,7 @@ def as_dict(report) -> dict:
                  "imbalance": None if split.imbalance in (None, float("inf")) else split.imbalance,
                  "unreadable": [list(u) for u in split.unreadable], "decoder": split.decoder,
                  "sizes": size_summary(split)}
-        if report.task == "detection":
+        if report.boxes:
             entry.update(boxes=split.boxes, boxes_per_image=boxes_per_image_summary(split), areas=split.areas,
                          crowd=split.crowd, touching=split.touching, leaving=split.leaving,
                          category_images=dict(zip(split.classes, split.category_images)),

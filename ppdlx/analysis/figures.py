@@ -25,7 +25,7 @@ MAX_BOX_LABELS = 25  # labelled boxes per image; every box is outlined
 def plotting_available() -> bool:
     """Whether matplotlib imports (the package only: pyplot and its backends are never loaded)."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401  (optional, ppdlx[plot]: figures only)
     except ImportError:
         return False
     return True
@@ -34,8 +34,9 @@ def plotting_available() -> bool:
 def new_figure(width_px: int, height_px: int):
     """An empty ``Figure`` of ``width_px x height_px`` on its own Agg canvas."""
     try:
+        # optional (ppdlx[plot]): figures only, training and every report work without it
         from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        from matplotlib.figure import Figure  # optional, as above
     except ImportError:
         raise UnsupportedError(f"figures need matplotlib, which is not installed: {PLOT_EXTRA}") from None
     fig = Figure(figsize=(width_px / DPI, height_px / DPI), dpi=DPI)
@@ -98,7 +99,7 @@ def save_png(fig, path: str) -> str:
 
 def class_colour(index: int):
     """A distinct RGB colour per class index (matplotlib's qualitative tab20 map)."""
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # optional (ppdlx[plot]): figures only
     index = int(index)
     # tab20 pairs a dark and a light shade of each hue: the ten dark ones first, then the light ones
     return colormaps["tab20"]((2 * index + (index // 10) % 2) % 20)[:3]
@@ -145,8 +146,8 @@ def draw_boxes(ax, boxes_xywh, names, colours, scores=None, fontsize: float = 7)
     ``MAX_BOX_LABELS`` largest each labelled with its name (and score) inside the axes: an under-trained detector
     predicts boxes far outside the image, and text placed there overflows the font rasteriser; a text per box made
     an image with a thousand boxes take minutes to draw, and unreadable. Returns how many boxes are labelled."""
-    from matplotlib.collections import PatchCollection
-    from matplotlib.patches import Rectangle
+    from matplotlib.collections import PatchCollection  # optional (ppdlx[plot]): figures only
+    from matplotlib.patches import Rectangle  # optional, as above
     top = min(ax.get_ylim())
     shown = clip_to_view(ax, boxes_xywh)
     if not shown:

@@ -5,7 +5,7 @@ Unknown keys and wrong types are rejected (``extra="forbid"``, strict-ish types)
 the key path, the bad value and a "did you mean".
 
 A loaded config is frozen: assigning to a key raises, and its lists and mappings are tuples and
-read-only dicts (``FrozenDict``), so nothing changes it in place. A changed copy is
+read-only dicts (``ppdlx.config.frozen.FrozenDict``), so nothing changes it in place. A changed copy is
 ``cfg.replace({"data.backend": "paddle"})`` (validated like a loaded one); what a run decides at
 run time (data layout, AMP, threads) is its plan (``ppdlx.engine.plan``), not the config.
 """
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
+from typing import Any, Literal, Mapping, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ppdlx.config.frozen import deep_freeze
 from ppdlx.config.randaugment import parse_rand_augment
 from ppdlx.errors import ConfigError
 
@@ -30,31 +31,6 @@ class Section(BaseModel):
         path = ".".join(filter(None, (_section_path(type(self)), name)))
         raise ConfigError(f"the config is frozen after loading (cannot set {path} = {value!r}); make a changed "
                           f"copy with cfg.replace({{{path!r}: ...}})")
-
-
-class FrozenDict(dict):
-    """A dict whose contents cannot change (a ``MappingProxyType`` would be, but cannot be pickled
-    or deep-copied, which passing a config to worker processes needs)."""
-    __slots__ = ()
-
-    def _frozen(self, *args, **kwargs):
-        raise ConfigError("the config is frozen after loading (cannot change a mapping in it in place); make a "
-                          "changed copy with cfg.replace({'key.path': ...})")
-
-    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _frozen
-
-    def __reduce__(self):
-        return type(self), (dict(self),)
-
-
-def _deep_freeze(value):
-    """Mappings as :class:`FrozenDict` and lists as tuples, all the way down: a frozen section's
-    containers must not be changeable in place either."""
-    if isinstance(value, Mapping):
-        return FrozenDict({k: _deep_freeze(v) for k, v in value.items()})
-    if isinstance(value, (list, tuple)):
-        return tuple(_deep_freeze(v) for v in value)
-    return value
 
 
 def _section_path(cls, root=None, prefix="") -> str:
@@ -85,7 +61,7 @@ class GlobalConfig(Section):
     # else unset; a number = that value on every CPU; null = leave the environment alone.
     mkl_debug_cpu_type: Union[int, Literal["auto"], None] = "auto"
     # CPU dynamic-graph training (classification, detection) in NHWC with ppdlx's oneDNN ops and
-    # stride-1 1x1 convs as matmuls (ppdlx/engine/cpu_kernels.py; sets model.data_format=NHWC). auto = on
+    # stride-1 1x1 convs as matmuls (ppdlx/layers/cpu_kernels.py; sets model.data_format=NHWC). auto = on
     # where it applies and the oneDNN op builds (needs onednn-devel's headers), else one log line;
     # true = on or an error; false = Paddle's kernels. The decision is saved as true/false.
     cpu_fast_kernels: Union[bool, Literal["auto"]] = "auto"
@@ -108,7 +84,7 @@ class ModelConfig(Section):
     @field_validator("args", mode="after")
     @classmethod
     def _freeze_args(cls, value):
-        return _deep_freeze(value)
+        return deep_freeze(value)
 
 
 # in 0..255, as data.transforms holds them: the fix a wrong mean/std message suggests
@@ -117,7 +93,7 @@ _IMAGENET_NORMALISATION = {"mean": "[123.675, 116.28, 103.53]", "std": "[58.395,
 
 class TransformsConfig(Section):
     # null = the model's default_cfg (input size, crop_pct, mean/std in 0..255, interpolation), filled in by
-    # ppdlx.engine.preprocess_cfg before data or export reads them; a value given here wins.
+    # ppdlx.tasks.preprocess before data or export reads them; a value given here wins.
     crop_size: Optional[int] = Field(None, ge=8)
     # null = floor(crop_size / crop_pct), crop_pct from this section or else from the model's default_cfg
     resize_short: Optional[int] = Field(None, ge=8)
@@ -274,7 +250,7 @@ class AmpConfig(Section):
     enabled: bool = False
     dtype: Literal["float16", "bfloat16"] = "float16"
     level: Literal["O1", "O2"] = "O1"
-    # bfloat16 on CPU (ppdlx/engine/cpu_bf16.py): auto = the oneDNN convolutions train in bf16 where
+    # bfloat16 on CPU (ppdlx/models/cpu_bf16.py): auto = the oneDNN convolutions train in bf16 where
     # the CPU has bf16 hardware and they measured faster than float32 there; true = wherever the
     # CPU has bf16 hardware (else an error); false = float32
     cpu_bf16: Union[bool, Literal["auto"]] = "auto"
@@ -307,7 +283,7 @@ class AspConfig(Section):
     layer_types: Tuple[Literal["conv2d", "linear"], ...] = ("conv2d", "linear")
 
 
-class QatConfig(Section):  # quantization-aware training (ppdlx.quantization.qat, docs/int8.md)
+class QatConfig(Section):  # quantization-aware training (ppdlx.models.qat, docs/int8.md)
     enabled: bool = False  # activation ranges: moving average (at moving_rate) of each batch's abs max
     moving_rate: float = Field(0.9, gt=0.0, lt=1.0)
 

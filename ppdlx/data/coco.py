@@ -10,15 +10,15 @@ and ``image_size``.
 """
 from __future__ import annotations
 
-from ppdlx.data.coco_dataset import CocoDetection, CocoLoader, build_coco_dataset
+from ppdlx.data.coco_dataset import CocoDetection, CocoLoader, build_coco_dataset, eval_image
 from ppdlx.data.coco_geometry import eval_size, pad_targets, report_capped_boxes, train_window, transform_boxes
 from ppdlx.data.coco_index import CocoIndex, coco_from_dict, coco_paths, load_coco_api, shared_index, sharing_indexes
 from ppdlx.data.loader_common import dali_required, split_batch_sampler
 from ppdlx.errors import ConfigError
 
 __all__ = ["CocoDetection", "CocoIndex", "CocoLoader", "build_coco_dataset", "build_coco_loader", "coco_from_dict",
-           "coco_paths", "eval_size", "load_coco_api", "pad_targets", "shared_index", "sharing_indexes", "train_window",
-           "transform_boxes"]
+           "coco_paths", "eval_image", "eval_size", "load_coco_api", "pad_targets", "shared_index", "sharing_indexes",
+           "train_window", "transform_boxes"]
 
 
 def build_coco_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch_size=None, cat_ids=None,
@@ -30,9 +30,9 @@ def build_coco_loader(cfg, split: str, rank: int = 0, world_size: int = 1, batch
     batch_size = batch_size or data.batch_size
     if data.backend == "dali":
         with dali_required():
-            from ppdlx.data import dali_coco
-        loader = dali_coco.build_dali_coco_loader(cfg, split, rank, world_size, batch_size=batch_size,
-                                                  cat_ids=cat_ids, targets=targets)
+            from ppdlx.data.dali_coco import build_dali_coco_loader  # the DALI backend: optional (nvidia-dali)
+        loader = build_dali_coco_loader(cfg, split, rank, world_size, batch_size=batch_size, cat_ids=cat_ids,
+                                        targets=targets)
     elif data.backend == "paddle":
         dataset = build_coco_dataset(cfg, split, cat_ids)
         sampler = split_batch_sampler(split == "train", len(dataset), batch_size, rank, world_size, cfg.global_.seed,

@@ -44,6 +44,11 @@ class CocoDetection(IndexedByCoco):
         self.data_format = data_format
         self.seed, self.epoch = seed, 0
 
+    @staticmethod
+    def folders_outside_root(cfg) -> list:
+        """``[(setting, folder)]`` read besides ``data.root``: the image folders, which may be given elsewhere."""
+        return [(f"data.coco.{split}_images", coco_paths(cfg, split)[1]) for split in ("train", "val")]
+
     # metadata
     @property
     def records(self):
@@ -91,6 +96,21 @@ class CocoDetection(IndexedByCoco):
         return np.ascontiguousarray(out), boxes[keep], labels[keep], image_scale
 
 
+def eval_image(cfg, image):
+    """``(normalised padded image, image_scale)``: one PIL image without annotations through the COCO eval
+    transform of the resolved ``cfg``, exactly as the evaluator's loader transforms it (``tools/infer.py``)."""
+    require_detection_resolved(cfg)
+    t = cfg.data.transforms
+    dataset = CocoDetection.__new__(CocoDetection)  # the transform's settings only: there is no json to index
+    dataset.size, dataset.training, dataset.random = int(cfg.data.coco.image_size), False, False
+    dataset.mean, dataset.std = np.asarray(t.mean, np.float32), np.asarray(t.std, np.float32)
+    dataset.interp, dataset.data_format, dataset.skip_crowd = PIL_INTERPOLATION[t.interpolation], \
+        cfg.model.data_format, False
+    no_boxes = {"boxes": np.zeros((0, 4), np.float32), "labels": np.zeros((0,), np.int64),
+                "crowd": np.zeros((0,), bool)}
+    array, _, _, image_scale = dataset.transform(image, no_boxes, None)
+    return array, image_scale
+
 
 class CocoCollate:
     """A batch of samples -> its arrays (the ``PaddleIOLoader`` contract); with ``targets`` (a task's host target
@@ -115,7 +135,7 @@ class CocoCollate:
         return arrays + (skipped,)
 
 
-class CocoLoader(PaddleIOLoader):
+class CocoLoader(PaddleIOLoader, IndexedByCoco):
     """Yields ``(images, gt_boxes, gt_classes, image_ids, image_scales)`` paddle tensors:
     ``[N,3,S,S]`` float32, ``[N,max,4]`` yxyx float32, ``[N,max]`` int64 (-1 pad), ``[N]`` int64,
     ``[N]`` float32 (original / resized), and with ``targets`` the anchor targets it returns (``CocoCollate``).
@@ -124,30 +144,11 @@ class CocoLoader(PaddleIOLoader):
     def __init__(self, dataset: CocoDetection, batch_sampler, workers: int, targets=None):
         super().__init__(dataset, batch_sampler, workers, CocoCollate(targets))
         self.source = dataset.index.json_path
+        self.index = dataset.index  # the split's CocoIndex, as the DALI loader's
+        self.image_size = dataset.size
 
     def path_of(self, index: int) -> str:
         return self.dataset.records[index]["path"]
-
-    @property
-    def index(self):
-        """The split's ``CocoIndex`` (as the DALI loader's ``index``)."""
-        return self.dataset.index
-
-    @property
-    def classes(self):
-        return self.dataset.classes
-
-    @property
-    def cat_ids(self):
-        return self.dataset.cat_ids
-
-    @property
-    def coco_gt(self):
-        return self.dataset.coco_gt
-
-    @property
-    def image_size(self):
-        return self.dataset.size
 
 
 def build_coco_dataset(cfg, split: str, cat_ids=None) -> CocoDetection:

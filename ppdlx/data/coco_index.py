@@ -38,7 +38,7 @@ MAX_REPORTED = 20    # invalid annotations listed one per line; the rest are cou
 
 def load_coco_api(json_path: str):
     """pycocotools ``COCO`` for a file, quietly; one-line ``DataError`` if missing or malformed."""
-    from pycocotools.coco import COCO
+    from pycocotools.coco import COCO  # optional (ppdlx[coco]): only COCO data need it
     if not os.path.isfile(json_path):
         raise DataError(f"{json_path}: annotation file not found (set data.root / data.coco.*_json, or run "
                         f"tools/make_synthetic_coco.py for the demo data)")
@@ -50,7 +50,7 @@ def load_coco_api(json_path: str):
 
 
 def coco_from_dict(dataset: dict):
-    from pycocotools.coco import COCO
+    from pycocotools.coco import COCO  # optional (ppdlx[coco]): only COCO data need it
     coco = COCO()
     coco.dataset = dataset
     with contextlib.redirect_stdout(io.StringIO()):

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 
-from ppdlx.data.coco_index import coco_paths
+import ppdlx.data.coco_dataset  # noqa: F401  (registers coco, and image_folder that it imports, in DATASETS)
 from ppdlx.errors import ConfigError
+from ppdlx.registry import DATASETS
 
 
 def data_folders(cfg) -> list:
@@ -18,11 +19,7 @@ def data_folders(cfg) -> list:
     data = cfg.data
     if data.backend == "synthetic" or not data.root:
         return []
-    found = [("data.root", data.root)]
-    if data.dataset == "coco":
-        for split in ("train", "val"):
-            found.append((f"data.coco.{split}_images", coco_paths(cfg, split)[1]))
-    return found
+    return [("data.root", data.root)] + DATASETS.get(data.dataset).folders_outside_root(cfg)
 
 
 def _inside(path: str, folder: str) -> bool:

@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 from PIL import Image
+from sklearn.datasets import load_digits
 
 from ppdlx.errors import DataError
 
@@ -20,7 +21,6 @@ FASHION_CLASSES = ["t-shirt", "trouser", "pullover", "dress", "coat", "sandal", 
 
 
 def load_digits_arrays():
-    from sklearn.datasets import load_digits
     d = load_digits()
     images = (d.images / 16.0 * 255.0).clip(0, 255).astype(np.uint8)
     return images, d.target.astype(np.int64), [str(i) for i in range(10)]

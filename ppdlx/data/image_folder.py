@@ -108,6 +108,11 @@ class ImageFolder:
         self.seed = seed
         self.epoch = 0
 
+    @staticmethod
+    def folders_outside_root(cfg) -> list:
+        """``[(setting, folder)]`` read besides ``data.root``: none, the splits are folders inside it."""
+        return []
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 

@@ -66,8 +66,8 @@ def build_classification_loader(cfg, split: str, rank: int = 0, world_size: int 
                                data.transforms.crop_size, fmt, cfg.global_.seed + rank)
     if data.backend == "dali":
         with dali_required():
-            from ppdlx.data import dali as dali_backend
-        return dali_backend.build_dali_loader(cfg, split, rank, world_size, batch_size=batch_size, classes=classes)
+            from ppdlx.data.dali import build_dali_loader  # the DALI backend: optional (nvidia-dali)
+        return build_dali_loader(cfg, split, rank, world_size, batch_size=batch_size, classes=classes)
     training = split == "train"
     transform = TrainTransform(data.transforms, fmt) if training else EvalTransform(data.transforms, fmt)
     dataset = ImageFolder(data.root, data.train_split if training else data.val_split, transform,

@@ -1,6 +1,6 @@
 """Classification transforms on PIL images, driven by an explicit numpy Generator.
 
-They read resolved ``data.transforms`` values (``ppdlx.engine.preprocess_cfg``: nulls are the model's
+They read resolved ``data.transforms`` values (``ppdlx.tasks.preprocess``: nulls are the model's
 ``default_cfg``) and refuse a null one.
 
 Randomness comes from the caller's generator (seeded per sample from

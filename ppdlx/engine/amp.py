@@ -3,18 +3,22 @@
 Paddle 3.3.1's CPU build has no bf16 conv/matmul/batch_norm kernels and its
 ``auto_cast`` needs a CUDAPlace, so bf16 autocast on CPU changes nothing. We probe
 that once; on CPU, bf16 then runs where ppdlx's oneDNN convolutions make it real and faster
-(``ppdlx.engine.cpu_bf16``), and elsewhere one line says why training runs in float32.
+(``ppdlx.models.cpu_bf16`` decides where), and elsewhere one line says why training runs in float32.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import paddle
 
+from ppdlx.checkpoint.files import set_state_cast
 from ppdlx.errors import ConfigError, UnsupportedError
+from ppdlx.models.cpu_bf16 import plan_cpu_bf16
+from ppdlx.tasks import task_of_dataset
 
 log = logging.getLogger("ppdlx.amp")
 
@@ -32,7 +36,6 @@ class AmpPlan:
 
 def bf16_autocast_works_on_cpu() -> bool:
     """Run one conv under bf16 autocast and look at the output dtype."""
-    import warnings
     conv = paddle.nn.Conv2D(4, 4, 3)
     x = paddle.ones([1, 4, 8, 8])
     with warnings.catch_warnings():
@@ -51,7 +54,7 @@ def check_image_dtype(data_cfg, plan: AmpPlan, graph: str) -> None:
     images with float32 (or bf16) weights and fail deep inside Paddle, so it is one line here."""
     if data_cfg.backend != "dali" or data_cfg.dali.output_dtype != "float16":
         return
-    if data_cfg.dataset != "image_folder":
+    if not task_of_dataset(data_cfg.dataset).dali_float16_images:
         raise ConfigError(f"data.dali.output_dtype=float16: the {data_cfg.dataset} DALI pipeline yields float32 "
                           f"images (its boxes are scaled in float32); set data.dali.output_dtype=float32")
     if not (plan.enabled and plan.dtype == "float16"):
@@ -78,7 +81,6 @@ def plan_amp(amp_cfg, device: str, fast_cpu_kernels: bool = False, cpu_threads: 
         return AmpPlan(True, amp_cfg.dtype, amp_cfg.level, amp_cfg.dtype == "float16")
     if bf16_autocast_works_on_cpu():
         return AmpPlan(True, "bfloat16", amp_cfg.level, False)
-    from ppdlx.engine.cpu_bf16 import plan_cpu_bf16
     on, why = plan_cpu_bf16(amp_cfg.cpu_bf16, cpu_threads, fast_cpu_kernels)
     if on:
         return AmpPlan(False, "bfloat16", amp_cfg.level, False, cpu_bf16_convs=True, note=(
@@ -228,24 +230,6 @@ def float32_state(model, optimizer=None) -> dict:
             value = master if master is not None else value.astype("float32")
         state[key] = value
     return state
-
-
-def set_state_cast(model, state: dict) -> None:
-    """Set the entries of ``state`` (all or some of ``model.state_dict()``'s keys) into the model, each
-    cast to the dtype the model holds: a float32 checkpoint into an O2 model's fp16 parameters, or
-    back. ``Layer.set_state_dict`` refuses a dtype mismatch and warns for every key a partial dict
-    lacks."""
-    own = model.state_dict()
-    with paddle.no_grad():
-        for key, value in state.items():
-            target = own.get(key)
-            if target is None:
-                continue
-            if not paddle.is_tensor(value):
-                value = paddle.to_tensor(value)
-            if value.dtype != target.dtype:
-                value = value.astype(target.dtype)
-            target.set_value(value)
 
 
 @contextlib.contextmanager

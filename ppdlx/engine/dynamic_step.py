@@ -10,25 +10,16 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Optional
 
-import numpy as np
 import paddle
 
-from ppdlx.engine import dist
-from ppdlx.engine.amp import (AmpPlan, autocast, evaluated_in_float32, float32_state, resumed_scaler_state,
-                              set_state_cast)
-from ppdlx.engine.step import Step, StepResult, WeightAccess
+from ppdlx import dist
+from ppdlx.checkpoint.files import set_state_cast
+from ppdlx.engine.amp import AmpPlan, autocast, evaluated_in_float32, float32_state, resumed_scaler_state
+from ppdlx.engine.static.ir_compat import check_graph_flags
+from ppdlx.engine.step import Step, StepResult
 from ppdlx.errors import UnsupportedError
+from ppdlx.optim.weight_copies import LOW_PRECISION, LayerWeights
 
-_LOW_PRECISION = (paddle.float16, paddle.bfloat16)
-
-
-def master_weights(optimizer) -> dict:
-    """Parameter name -> fp32 master of an AMP O2 / ``multi_precision`` optimizer (wrapped or not)."""
-    for opt in (optimizer, getattr(optimizer, "_inner_opt", None), getattr(optimizer, "_optimizer", None)):
-        mw = getattr(opt, "_master_weights", None)
-        if isinstance(mw, dict) and mw:
-            return mw
-    return {}
 
 
 def check_same_master_weights(optimizer_state: dict, model) -> None:
@@ -36,7 +27,7 @@ def check_same_master_weights(optimizer_state: dict, model) -> None:
     any other under the parameters' (``<param>_velocity_0``); Paddle looks each accumulator up by the
     name it creates and stops the first step of a resume across that line with an assertion."""
     saved = bool(optimizer_state.get("master_weights"))
-    here = any(p.dtype in _LOW_PRECISION for p in model.parameters())
+    here = any(p.dtype in LOW_PRECISION for p in model.parameters())
     if saved and not here:
         raise UnsupportedError("train.resume: the checkpoint was trained with amp.level=O2 (its optimizer state is "
                                "kept for fp32 master weights) and this run is not O2; resume with amp.level=O2, or "
@@ -45,35 +36,6 @@ def check_same_master_weights(optimizer_state: dict, model) -> None:
         raise UnsupportedError("train.resume: this run is amp.level=O2 and the checkpoint's optimizer state has no "
                                "fp32 master weights (it was trained without O2); resume with the checkpoint's amp "
                                "settings, or start a new run from its weights with model.weights=<checkpoint prefix>")
-
-
-class LayerWeights(WeightAccess):
-    """:class:`WeightAccess` over a dygraph Layer, its optimizer's masters and a ``ModelEMA``."""
-
-    def __init__(self, model, optimizer=None, ema=None):
-        self.model, self.optimizer, self.ema = model, optimizer, ema
-        self._state = model.state_dict()
-
-    def copies(self, name: str) -> dict:
-        p = self._state[name]
-        out = {"param": lambda: p}
-        master = master_weights(self.optimizer).get(p.name) if self.optimizer is not None else None
-        if master is not None:
-            out["master"] = lambda: master
-        shadow = getattr(self.ema, "shadow", None) or {}
-        if name in shadow:
-            out["ema"] = lambda: shadow[name]
-        return out
-
-    def read(self, name: str) -> np.ndarray:
-        p = self._state[name]
-        value = master_weights(self.optimizer).get(p.name, p) if self.optimizer is not None else p
-        return (value if value.dtype == paddle.float32 else value.astype("float32")).numpy()
-
-    def masters_pending(self, name: str) -> bool:
-        p = self._state[name]
-        return (self.optimizer is not None and p.dtype in _LOW_PRECISION
-                and p.name not in master_weights(self.optimizer))
 
 
 class DynamicStep(Step):
@@ -183,6 +145,5 @@ class DynamicStep(Step):
 
 def compile_forward(model: Any):
     """``train.graph=to_static``: the model's forward as one static program (see the module doc)."""
-    from ppdlx.engine.static.ir_compat import check_graph_flags
     check_graph_flags("to_static")  # oneDNN flags break run_program ("dst_tensor ... defined")
     return paddle.jit.to_static(model, full_graph=True)

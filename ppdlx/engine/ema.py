@@ -5,7 +5,8 @@ import contextlib
 
 import paddle
 
-from ppdlx.engine.amp import float32_state, set_state_cast
+from ppdlx.checkpoint.files import set_state_cast
+from ppdlx.engine.amp import float32_state
 
 
 def ema_decay(decay: float, dynamic: bool, updates: int) -> float:

@@ -29,15 +29,18 @@ import logging
 import os
 import time
 
-from ppdlx.engine import checkpoint as ckpt
-from ppdlx.engine import dist
+from ppdlx import checkpoint as ckpt
+from ppdlx import dist
+from ppdlx.analysis import write_run_figures
 from ppdlx.engine.logger import MetricLogger, format_eta
 
 log = logging.getLogger("ppdlx")
 
 
 class Hook:
-    """Base class: every method is a no-op; ``name`` keys the hook's state in checkpoints."""
+    """Base class: every method is a no-op; ``name`` keys the hook's state in checkpoints. A hook need not
+    derive from it: the trainer calls the call points an object defines (the plug-ins below the engine,
+    ``ppdlx.sparsity.ASPHook`` and ``ppdlx.tasks.class_list.ClassList``, define their own)."""
 
     name = ""
     trainer = None
@@ -203,7 +206,7 @@ class MetricWriter(Hook):
 
 class Checkpoint(Hook):
     """After every epoch rank 0 writes the epoch's checkpoint, one directory ``epoch_N/`` that appears whole
-    (model, optimizer, states and a manifest verified on reading: ``ppdlx.engine.checkpoint_unit``), then
+    (model, optimizer, states and a manifest verified on reading: ``ppdlx.checkpoint.unit``), then
     points the symlink ``latest`` at it, and ``best`` when the evaluation improved; each pointer moves in one
     rename, so ``latest`` and ``best`` always name a complete checkpoint. ``epoch_N`` directories are kept
     every ``save_interval`` epochs and after the last (``keep_epoch_checkpoints``); another is removed when
@@ -251,7 +254,6 @@ class RunAnalysis(Hook):
     def after_train(self):
         if self.rank != 0:
             return
-        from ppdlx.analysis import write_run_figures
         write_run_figures(self.output_dir)
         reason = self.skipped
         if self.write_analysis is not None:

@@ -32,7 +32,7 @@ class MetricLogger:
         if rank == 0:
             os.makedirs(output_dir, exist_ok=True)
             try:
-                from visualdl import LogWriter  # optional
+                from visualdl import LogWriter  # optional: VisualDL scalars only when it is installed
                 self._vdl = LogWriter(logdir=os.path.join(output_dir, "vdl"))
             except ImportError:
                 pass

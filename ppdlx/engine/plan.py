@@ -5,7 +5,8 @@ The config says what was asked for (``global.cpu_fast_kernels: auto``, ``amp.dty
 float32 and why, how many threads, which graph and IR, the pre-processing with each value's source:
 the config or the model's ``default_cfg``). It is logged in one line and written to
 ``<output_dir>/plan.yaml`` next to ``config.yaml``; builders read the config through
-:meth:`RunPlan.configure`, which carries the plan's data layout.
+:meth:`RunPlan.configure`, which carries the plan's data layout, and build the model under
+:attr:`RunPlan.layer_config` (which kernels its layers train on).
 """
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from dataclasses import asdict, dataclass, field
 
 import paddle
 
+from ppdlx import dist
 from ppdlx.config import save_yaml
-from ppdlx.engine import dist
 from ppdlx.engine.amp import AmpPlan
-from ppdlx.engine.builders import resolve_device
-from ppdlx.engine.cpu_kernels import plan_fast_cpu_kernels
 from ppdlx.engine.logger import setup_logging
+from ppdlx.layers import LayerConfig
+from ppdlx.layers.cpu_kernels import plan_fast_cpu_kernels
 
 log = logging.getLogger("ppdlx")
 
@@ -44,14 +45,17 @@ class RunPlan:
     fast_cpu_kernels: bool
     amp: AmpPlan
     # the pre-processing the data pipelines use: {key: {value, source: config | default_cfg}}
-    # (ppdlx.engine.preprocess_cfg; the run's config.yaml keeps the nulls it was given)
+    # (ppdlx.tasks.preprocess; the run's config.yaml keeps the nulls it was given)
     preprocess: dict = field(default_factory=dict)
 
     def configure(self, cfg):
         """``cfg`` (pre-processing resolved) as the builders must see it: with the planned data layout."""
-        if cfg.model.data_format == self.data_format:
-            return cfg
-        return cfg.replace({"model.data_format": self.data_format})
+        return with_layout(cfg, self.data_format)
+
+    @property
+    def layer_config(self) -> LayerConfig:
+        """What the layers of the model trained here pick (``ppdlx.layers.config``)."""
+        return LayerConfig(cpu_kernels=self.fast_cpu_kernels, bf16=self.amp.cpu_bf16_convs)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -72,7 +76,7 @@ class RunPlan:
 
 def start_run(cfg, collective_programs: bool = False) -> RunEnv:
     """Process set-up every entry point does: data-parallel init, logging, device, CPU threads."""
-    device = resolve_device(cfg.global_.device)
+    device = dist.resolve_device(cfg.global_.device)
     rank, world = dist.init(device, collective_programs)
     setup_logging(rank)
     paddle.set_device(device)
@@ -87,3 +91,8 @@ def plan_cpu_kernels(cfg, device: str) -> tuple[bool, str]:
         log.info("global.cpu_fast_kernels: training in NHWC on CPU (model.data_format was %s; checkpoints "
                  "are layout-free; global.cpu_fast_kernels=false keeps it)", cfg.model.data_format)
     return on, ("NHWC" if on else cfg.model.data_format)
+
+
+def with_layout(cfg, data_format: str):
+    """``cfg`` with ``model.data_format`` set to ``data_format`` (``cfg`` itself when it has it)."""
+    return cfg if cfg.model.data_format == data_format else cfg.replace({"model.data_format": data_format})

@@ -14,12 +14,13 @@ read by the loop only when it logs: a step itself reads at most what it needs to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, List
 
 import numpy as np
 import paddle
 
 from ppdlx.errors import PpdlxError
+from ppdlx.optim.weight_copies import LayerWeights, WeightAccess
 
 
 @dataclass
@@ -28,48 +29,6 @@ class StepResult:
     finite: Any      # the window's losses were all finite: a bool, or a device bool tensor (None mid-window)
     applied: bool    # the optimizer update ran (last micro-batch of a window)
     images: int      # images in this micro-batch (this rank)
-
-
-class WeightAccess:
-    """Every stored copy of a weight, by the structured name of ``model.state_dict()``: what a hook
-    that edits weights in place (ASP) needs, whichever step holds them.
-
-    ``copies(name)`` -> ``{"param" | "master" | "ema": getter}``, each getter returning a paddle
-    Tensor that shares the copy's memory (in-place ops change the weight); ``read(name)`` -> the
-    float32 value (the master where AMP O2 keeps one); ``masters_pending(name)``: a master will
-    appear at the optimizer's first step; ``ema_updated_in_step``: the EMA is updated inside
-    ``run`` (so before the ``after_step`` hooks) rather than by the EMA hook after them.
-    """
-    model: Any = None
-    ema_updated_in_step: bool = False
-
-    def copies(self, name: str) -> Dict[str, Callable[[], Any]]:
-        raise NotImplementedError
-
-    def read(self, name: str) -> np.ndarray:
-        raise NotImplementedError
-
-    def masters_pending(self, name: str) -> bool:
-        return False
-
-    def finite_flags(self) -> Tuple[List[str], Any]:
-        """``(labels, flags)``: a label per floating copy of every weight and buffer (``name``, ``name (AMP
-        master)``, ``name (EMA shadow)``) and a device bool tensor, one flag per copy, True where the copy
-        is finite (None without copies). Nothing is read back here: the caller reads the flags once, after
-        reducing them over ranks."""
-        labels, flags = [], []
-        if self.model is None:
-            return labels, None
-        for name in self.model.state_dict():
-            for kind, get in self.copies(name).items():
-                tensor = get()
-                if tensor.is_floating_point():
-                    labels.append(name + _COPY_LABEL[kind])
-                    flags.append(paddle.isfinite(tensor).all())
-        return labels, (paddle.stack(flags) if flags else None)
-
-
-_COPY_LABEL = {"param": "", "master": " (AMP master)", "ema": " (EMA shadow)"}
 
 
 class NonFiniteWeightsError(PpdlxError):
@@ -82,6 +41,26 @@ def nonfinite_weights_message(labels: List[str], flags: np.ndarray, epoch: int, 
     return (f"weights became NaN/inf at epoch {epoch} step {step}: first non-finite is '{labels[bad[0]]}' "
             f"({bad.size} of {len(labels)} tensors); no checkpoint was written from them; lower lr.base_lr "
             f"or check the data")
+
+
+# use -> what non-finite weights would do there
+_CONSEQUENCE = {"export": "an export of these weights would predict NaN/inf",
+                "evaluate": "these weights predict NaN/inf, so any accuracy measured from them is meaningless"}
+
+
+def check_finite_weights(model, weights: str, use: str = "export") -> None:
+    """Raise :class:`NonFiniteWeightsError` (exit 4) naming the first parameter or buffer holding NaN or inf;
+    ``use`` ("export" | "evaluate") is what the message says the weights were loaded for."""
+    labels, flags = LayerWeights(model).finite_flags()
+    if flags is None or bool(flags.all()):
+        return
+    bad = np.flatnonzero(~flags.numpy())
+    first = labels[bad[0]]
+    kind = "NaN" if bool(paddle.isnan(model.state_dict()[first]).any()) else "inf"
+    raise NonFiniteWeightsError(
+        f"model.weights={weights}: '{first}' holds {kind} (non-finite tensors: {bad.size} of {len(labels)}); "
+        f"{_CONSEQUENCE[use]}: {use} a checkpoint saved before the run diverged (an earlier epoch_N) or retrain "
+        f"with a lower lr.base_lr")
 
 
 class Step:

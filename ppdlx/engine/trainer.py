@@ -24,8 +24,8 @@ from typing import Iterable, Optional
 
 import paddle
 
-from ppdlx.engine import checkpoint as ckpt
-from ppdlx.engine import dist
+from ppdlx import checkpoint as ckpt
+from ppdlx import dist
 from ppdlx.engine.hooks import Hook
 from ppdlx.engine.step import NonFiniteWeightsError, Step, StepResult, nonfinite_weights_message
 from ppdlx.errors import PpdlxError

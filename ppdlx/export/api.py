@@ -12,14 +12,20 @@ from typing import List, Optional, Sequence
 
 import paddle
 
-import ppdlx.export.meta as M
+from ppdlx.checkpoint import load_weights
+from ppdlx.dist import seed_everything
+from ppdlx.engine.step import check_finite_weights
 from ppdlx.errors import ConfigError, UnsupportedError, paddle_error_line
-from ppdlx.export.families import export_graph, export_onnx_target
+from ppdlx.export.families import default_format, export_graph, export_onnx_target
 from ppdlx.export.files import ensure_output_dir, file_records, publish_export, staged_export
-from ppdlx.export.paddle_export import PaddleInferenceRunner, random_feeds, run_dynamic
 from ppdlx.export.int8 import int8_program_facts, is_quantized_program, qat_section
-from ppdlx.quantization.onednn import ONEDNN_INT8_OPS, default_headroom
-from ppdlx.quantization.qat import is_quantized
+from ppdlx.export.meta import META_FILE, TRT_MIN_SUBGRAPH_SIZE, build_meta, trt_suggestion, write_meta
+from ppdlx.export.onednn_int8 import ONEDNN_INT8_OPS, default_headroom
+from ppdlx.export.paddle_export import PaddleInferenceRunner, random_feeds, run_dynamic
+from ppdlx.models.qat import is_quantized
+from ppdlx.registry import TASKS
+from ppdlx.tasks import task_of
+from ppdlx.tasks.preprocess import resolve_preprocessing
 
 log = logging.getLogger("ppdlx")
 
@@ -37,25 +43,9 @@ def read_labels(path: str, num_classes: int) -> List[str]:
 
 
 def labels_from_data(cfg, family: str = "classification") -> Optional[List[str]]:
-    """The class names of the training data when they match num_classes: the sub-directories of
-    ``data.root/<train_split>`` (classification), or the COCO category names in ascending id order
-    (detection: the class index is the category's rank; read from the val json, smaller than the
-    train json and required to list the same categories)."""
-    if family == "detection":
-        from ppdlx.data.coco_index import coco_paths
-        for split in ("val", "train"):
-            json_path = coco_paths(cfg, split)[0]
-            if os.path.isfile(json_path):
-                with open(json_path, encoding="utf-8") as f:
-                    categories = sorted(json.load(f).get("categories", []), key=lambda c: c["id"])
-                names = [str(c.get("name", c["id"])) for c in categories]
-                return names if len(names) == cfg.model.num_classes else None
-        return None
-    split_dir = os.path.join(cfg.data.root, cfg.data.train_split)
-    if not os.path.isdir(split_dir):
-        return None
-    names = sorted(d.name for d in os.scandir(split_dir) if d.is_dir())
-    return names if len(names) == cfg.model.num_classes else None
+    """The class names of the training data when they match ``model.num_classes``, as the task plug-in of
+    ``family`` reads them (``Task.class_names_from_data``: class folders, or COCO category names)."""
+    return TASKS.get(family).class_names_from_data(cfg)
 
 
 def labels_from_checkpoint(weights: Optional[str], num_classes: int) -> Optional[List[str]]:
@@ -78,7 +68,7 @@ def find_labels(cfg, family: str, weights: Optional[str], num_classes: int) -> O
     if labels is None:
         log.warning("export: no class names found (data.root has no %s, no classes.json next to model.weights): "
                     "inference.yml labels is null and predictions show class indices; pass --labels FILE",
-                    "COCO categories" if family == "detection" else "class folders")
+                    TASKS.get(family).class_source)
     return labels
 
 
@@ -92,7 +82,6 @@ def export_layout_cfg(cfg):
 def relayout_model(cfg, model):
     """The same weights in a model built in ``cfg.model.data_format`` (parameters and BatchNorm
     statistics have one shape in both layouts; only the activations' axes differ)."""
-    from ppdlx.engine.tasks import task_of
     task = task_of(cfg)
     rebuilt = task.build_model(cfg, int(getattr(model, "num_classes", cfg.model.num_classes)))
     task.prepare_model(cfg, rebuilt)
@@ -128,9 +117,6 @@ def build_trained_model(cfg, weights: Optional[str]):
     """The configured model with ``weights`` loaded, in eval mode: what export saves and what
     ``--verify`` compares the export with. Built by the config's task plug-in, as training and
     ``tools/eval.py`` build it (a detector takes its input size from ``data.coco.image_size``)."""
-    from ppdlx.engine.builders import seed_everything
-    from ppdlx.engine.checkpoint import load_weights
-    from ppdlx.engine.tasks import task_of
     seed_everything(cfg.global_cfg.seed)  # random-init exports (benchmarks) are reproducible
     task = task_of(cfg)
     model = task.build_model(cfg, cfg.model.num_classes)
@@ -140,7 +126,6 @@ def build_trained_model(cfg, weights: Optional[str]):
         if missing:
             log.warning("export: %d model parameters not in %s (e.g. %s)", len(missing), weights, missing[0])
         apply_evaluation_statistics(cfg, model)
-        from ppdlx.export.checks import check_finite_weights
         check_finite_weights(model, weights)
     else:
         log.warning("export: model.weights is not set: exporting randomly initialised weights")
@@ -149,32 +134,15 @@ def build_trained_model(cfg, weights: Optional[str]):
 
 
 def apply_evaluation_statistics(cfg, model) -> int:
-    """The BatchNorm statistics ppdlx's evaluator uses, in the model: with ``detection.precise_bn_batches``
-    the detection evaluator re-estimates them from training images before scoring (the checkpoint
-    holds the training running statistics), so the export must too, or it predicts differently from
-    what ``tools/eval.py`` reports. Returns the batches used (0: nothing to do, or no training images)."""
-    from ppdlx.engine.tasks import task_of
-    batches = cfg.detection.precise_bn_batches if task_of(cfg).name == "detection" else 0
-    if not batches:
-        return 0
-    from ppdlx.engine.coco_eval import recompute_bn_stats
-    from ppdlx.engine.tasks.detection import build_precise_bn_loader
-    from ppdlx.errors import DataError
-    try:
-        loader = build_precise_bn_loader(cfg, 0, 1, None)
-    except DataError as err:
-        log.warning("export: detection.precise_bn_batches=%d but the training images are not readable (%s): the "
-                    "export keeps the checkpoint's running BatchNorm statistics, unlike tools/eval.py", batches, err)
-        return 0
-    used = recompute_bn_stats(model, loader, batches)
-    log.info("export: BatchNorm statistics re-estimated from %d training batches, as the evaluator does "
-             "(detection.precise_bn_batches=%d)", used, batches)
-    return used
+    """The BatchNorm statistics ppdlx's evaluator uses, in the model (``Task.evaluation_statistics``: the
+    detection evaluator re-estimates them from training images with ``detection.precise_bn_batches``), so that
+    the export predicts what ``tools/eval.py`` reports. Returns the batches used (0: nothing to do)."""
+    return task_of(cfg).evaluation_statistics(cfg, model, "export")
 
 
 def int8_headroom(setting) -> tuple:
     """``(factor, reason)`` of a QAT int8 program's activation ranges: ``export.int8_activation_headroom``, or
-    this CPU's need (:func:`ppdlx.quantization.onednn.default_headroom`)."""
+    this CPU's need (:func:`ppdlx.export.onednn_int8.default_headroom`)."""
     return (float(setting), "export.int8_activation_headroom") if setting else default_headroom()
 
 
@@ -242,7 +210,6 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     Returns a report: files, I/O, max abs diffs (Paddle Inference and ONNX vs dynamic).
     """
     started = time.time()
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
     cfg = resolve_preprocessing(cfg)  # inference.yml pre-processes as training and eval did
     output_dir = output_dir or cfg.export.output_dir or os.path.join(cfg.global_cfg.output_dir, "inference")
     ensure_output_dir(output_dir)
@@ -261,11 +228,10 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
         model.eval()
         num_classes = int(getattr(model, "num_classes", cfg.model.num_classes))
         if export_spec is None:
-            from ppdlx.engine.tasks import task_of
             export_spec = task_of(cfg).export_spec(cfg, model)
         spec = export_spec
         if fmt is None:
-            fmt = "program" if is_quantized(model) and spec["family"] == "classification" else "pir"
+            fmt = default_format(model, spec)
         headroom = int8_headroom(cfg.export.int8_activation_headroom) if is_quantized(model) else None
         graph = export_graph(model, spec, staging, data_format, fmt, headroom[0] if headroom else 1.0)
         files, inputs = graph.files, graph.inputs
@@ -273,8 +239,8 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
         outputs = _program_outputs(runner, inputs, graph.output_roles)
         opt_batch = trt_opt_batch or spec["trt_batches"]["opt_batch"]
         max_batch = max(trt_max_batch or spec["trt_batches"]["max_batch"], opt_batch)
-        tensorrt = M.trt_suggestion(inputs, 1, opt_batch, max_batch,
-                                    min_subgraph_size=spec.get("trt_min_subgraph_size", M.TRT_MIN_SUBGRAPH_SIZE))
+        tensorrt = trt_suggestion(inputs, 1, opt_batch, max_batch,
+                                    min_subgraph_size=spec.get("trt_min_subgraph_size", TRT_MIN_SUBGRAPH_SIZE))
 
         report = {"model_dir": os.path.abspath(output_dir), "family": spec["family"], "name": cfg.model.name,
                   "format": files.format, "model_file": files.model_file, "params_file": files.params_file,
@@ -307,18 +273,18 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
             extra["onnx"] = onnx_section
         if is_quantized(model):
             extra.update(qat_meta(model, files, target, headroom))
-        meta = M.build_meta(family=spec["family"], name=cfg.model.name, num_classes=num_classes,
+        meta = build_meta(family=spec["family"], name=cfg.model.name, num_classes=num_classes,
                             data_format=data_format, files=files, inputs=inputs, outputs=outputs,
                             preprocess=spec["preprocess"], postprocess=graph.postprocess, labels=labels,
                             tensorrt=tensorrt,
                             onnx_file=os.path.basename(target.file) if target else None, extra=extra or None,
                             random_weights=given_model is None and not weights)
-        M.write_meta(staging, meta)
+        write_meta(staging, meta)
         publish_export(staging, output_dir)
     for key in ("model_file", "params_file", "onnx_file"):
         if report.get(key):
             report[key] = os.path.join(os.path.abspath(output_dir), os.path.basename(report[key]))
-    report["meta_file"] = os.path.join(os.path.abspath(output_dir), M.META_FILE)
+    report["meta_file"] = os.path.join(os.path.abspath(output_dir), META_FILE)
     report["seconds"] = round(time.time() - started, 2)
     return report
 

@@ -1,6 +1,8 @@
-"""What export needs from a task, as plain data (the *export spec*), and the graph each family saves.
+"""The graph each export family saves, from the *export spec*: what export needs from a task, as plain data.
 
-An export spec is a dict a task supplies (``export_model(..., export_spec=...)``):
+An export spec is a dict a task plug-in supplies (``Task.export_spec``; ``export_model(..., export_spec=...)``;
+``ppdlx.tasks.classification.classification_export_spec`` and ``ppdlx.tasks.detection.detection_export_spec``
+build them):
 
 * ``family``: ``classification`` or ``detection``; picks the graph below and is written to
   ``inference.yml``;
@@ -15,7 +17,7 @@ An export spec is a dict a task supplies (``export_model(..., export_spec=...)``
   ``EfficientDetPostProcess``; empty keeps its defaults): the post-processing built into the graph.
 
 Export never tells a detector from a classifier itself: the config's task plug-in
-(:mod:`ppdlx.engine.tasks`) supplies the spec.
+(:mod:`ppdlx.tasks`) supplies the spec, and its ``family`` selects the entries below.
 
 Per family, ``GRAPHS`` saves the Paddle program and ``ONNX_TARGETS`` writes ``inference.onnx``: the
 same program for a classifier, the program up to NMS for a detector (:mod:`ppdlx.export.onnx_detection`).
@@ -30,18 +32,17 @@ from typing import Callable, Dict, List, Optional
 
 import paddle.nn as nn
 
-from ppdlx.errors import ConfigError
-from ppdlx.errors import UnsupportedError
+from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.export.files import ModelFiles
 from ppdlx.export.int8 import save_int8_program
-from ppdlx.export.meta import classification_preprocess, detection_preprocess
 from ppdlx.export.onnx_detection import (SOURCE_DIR, check_candidates_close, check_detections_close,
                                         integer_topk_index_division, onnx_section, save_candidates_program)
 from ppdlx.export.onnx_export import OnnxRunner, check_close, export_onnx
 from ppdlx.export.onnx_qdq import insert_qdq, quantized_check
 from ppdlx.export.paddle_export import (DETECTION_ROLES, INPUT_NAME, SCALE_NAME, ClassifierForExport,
                                         DetectorForExport, image_shape, run_dynamic, save_classifier, save_detector)
-from ppdlx.quantization.qat import is_quantized, layer_scales, quantized_weights, widened_ranges, without_quanters
+from ppdlx.models.detection.det_postprocess import EfficientDetPostProcess
+from ppdlx.models.qat import is_quantized, layer_scales, quantized_weights, widened_ranges, without_quanters
 
 log = logging.getLogger("ppdlx")
 
@@ -50,34 +51,6 @@ log = logging.getLogger("ppdlx")
 # lower-ranked candidate can neither suppress nor outrank a higher one, so the kept detections only
 # change when fewer than max_detections of the top 3840 survive.
 TENSORRT_TOPK_MAX = 3840
-# Paddle-TRT leaves multiclass_nms3 outside TensorRT (its marker takes it only with nms_eta > 1 and
-# nms_top_k >= 0), so the few ops that pad and sort its variable-length output would become an engine
-# of their own whose input profile is one warm-up's detection count: a batch keeping more or fewer
-# detections (or none) would stop the predictor. Groups up to this size run as Paddle GPU ops; the
-# detector before NMS is one group of several hundred ops.
-DETECTION_TRT_MIN_SUBGRAPH_SIZE = 200
-
-
-def classification_export_spec(transforms, output: str, num_classes: int) -> dict:
-    """Image in, logits or probabilities out; the val transform of ``data.transforms`` as pre-processing."""
-    preprocess = classification_preprocess(transforms)
-    return {"family": "classification", "image_size": preprocess["crop_size"], "output": output,
-            "preprocess": preprocess,
-            "postprocess": {"type": "topk", "output": output, "topk": min(5, int(num_classes))},
-            "trt_batches": {"opt_batch": 32, "max_batch": 256}}
-
-
-def detection_export_spec(transforms, image_size: int, num_classes: int, anchors: dict, nms: dict | None = None,
-                          score_threshold: float = 0.4) -> dict:
-    """Image and ``image_scale`` in, decoded boxes after NMS out; resize-longer-side-and-pad pre-processing.
-    ``score_threshold`` is the predictor's display threshold (the graph keeps every detection)."""
-    size = int(image_size)
-    return {"family": "detection", "image_size": size, "num_classes": int(num_classes),
-            "anchors": dict(anchors), "nms": dict(nms or {}), "preprocess": detection_preprocess(transforms, size),
-            "postprocess": {"type": "detections", "box_format": "xyxy", "coords": "original",
-                            "score_threshold": float(score_threshold)},
-            "trt_batches": {"opt_batch": 8, "max_batch": 32},
-            "trt_min_subgraph_size": DETECTION_TRT_MIN_SUBGRAPH_SIZE}
 
 
 @dataclass
@@ -129,7 +102,6 @@ def classification_graph(model, spec: dict, output_dir: str, data_format: str, f
 def detection_graph(model, spec: dict, output_dir: str, data_format: str, fmt: str,
                     activation_headroom: float = 1.0) -> ExportGraph:
     """The model followed by anchor decoding and NMS in one program, built from the spec's plain settings."""
-    from ppdlx.models.detection.det_postprocess import EfficientDetPostProcess
     size = spec["image_size"]
     post = EfficientDetPostProcess(num_classes=spec["num_classes"], image_size=size, data_format=data_format,
                                    **spec["anchors"], **spec["nms"])
@@ -161,10 +133,21 @@ GRAPHS: Dict[str, Callable[..., ExportGraph]] = {"classification": classificatio
                                                  "detection": detection_graph}
 
 
+# The program format an export is saved in when none is asked for, per family, for a quantization-aware-trained
+# model: a classifier's int8 program is a legacy .pdmodel (Paddle Inference runs quantize ops in int8 only there);
+# a detector's program is float (detection_graph), saved as any other.
+QUANTIZED_FORMATS: Dict[str, str] = {"classification": "program", "detection": "pir"}
+
+
+def default_format(model, spec: dict) -> str:
+    """``pir``, or the family's ``QUANTIZED_FORMATS`` entry for a quantization-aware-trained model."""
+    return QUANTIZED_FORMATS.get(spec.get("family"), "pir") if is_quantized(model) else "pir"
+
+
 def export_graph(model, spec: dict, output_dir: str, data_format: str, fmt: str,
                  activation_headroom: float = 1.0) -> ExportGraph:
     """``activation_headroom``: the factor on a quantization-aware-trained model's activation ranges in its
-    int8 program (:mod:`ppdlx.quantization.onednn`)."""
+    int8 program (:mod:`ppdlx.export.onednn_int8`)."""
     family = spec.get("family")
     if family not in GRAPHS:
         raise ConfigError(f"export spec family={family!r}: expected one of {', '.join(sorted(GRAPHS))}")

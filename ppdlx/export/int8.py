@@ -1,7 +1,7 @@
 """The int8 program of a quantization-aware-trained model: one legacy ``.pdmodel`` that Paddle Inference
 runs with oneDNN int8 on CPU and Paddle-TRT reads on GPU, the format Paddle's own QAT export writes.
 
-:func:`save_int8_program` traces the QAT model (:mod:`ppdlx.quantization.qat`) in eval mode into a legacy
+:func:`save_int8_program` traces the QAT model (:mod:`ppdlx.models.qat`) in eval mode into a legacy
 program, where each quanter is a fake quantize-dequantize op holding its trained scale, then applies the
 passes of Paddle's dygraph QAT export (``ImperativeQuantAware.save_quantized_model`` with
 ``onnx_format=True``, ``paddle/quantization/imperative/qat.py``): ``ReplaceFakeQuantDequantPass`` turns
@@ -24,8 +24,8 @@ from paddle.framework import core
 from paddle.static.quantization import QuantWeightPass, ReplaceFakeQuantDequantPass
 
 from ppdlx.export.files import ModelFiles, find_model_files
-from ppdlx.quantization.qat import (BITS, NVIDIA_QUANTIZED_OPS, activation_quanters, quantized_weights, summary,
-                                    widened_ranges)
+from ppdlx.models.qat import (BITS, NVIDIA_QUANTIZED_OPS, activation_quanters, quantized_weights, summary,
+                              widened_ranges)
 
 QDQ_OPS = ("quantize_linear", "dequantize_linear")
 
@@ -84,9 +84,9 @@ def merge_repeated_activation_quants(graph, scope) -> int:
 def save_int8_program(model, save, activation_headroom: float = 1.0) -> ModelFiles:
     """``save()`` traces ``model``'s graph as a legacy program (``paddle_export.save_classifier`` /
     ``save_detector`` with ``fmt="program"``) and returns its files; they are then rewritten as the
-    int8 program. The weights are traced fake-quantized (:func:`ppdlx.quantization.qat.quantized_weights`),
+    int8 program. The weights are traced fake-quantized (:func:`ppdlx.models.qat.quantized_weights`),
     so the int8 values are the training's; every activation range is multiplied by ``activation_headroom``
-    (:mod:`ppdlx.quantization.onednn`)."""
+    (:mod:`ppdlx.export.onednn_int8`)."""
     with quantized_weights(model), widened_ranges(model, activation_headroom):
         files = save()
     if files.format != "program":
@@ -126,7 +126,7 @@ def qat_section(model, program: dict | None, onnx: dict | None, onednn_ops, head
                                                               if layers["residual"] else "")
     section = {
         "method": "qat",
-        "description": "quantization-aware training (ppdlx.quantization.qat: paddle.quantization.QAT with NVIDIA's "
+        "description": "quantization-aware training (ppdlx.models.qat: paddle.quantization.QAT with NVIDIA's "
                        "quant_aware placement); the scales are the trained ones, no calibration",
         "weights": "int8, per output channel, abs max of the weight (channel_wise_abs_max)",
         "activations": f"int8, per tensor, moving average of each batch's abs max (rate {', '.join(map(str, rates))}) "

@@ -33,9 +33,10 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Sequence
 
+import paddle
 import yaml
 
-from ppdlx.config.preprocess import CLASSIFICATION_KEYS, NORMALISATION_KEYS, require_resolved
+from ppdlx.config.preprocess import classification_preprocess, detection_preprocess  # noqa: F401  (the sections)
 
 SCHEMA_VERSION = 1
 META_FILE = "inference.yml"
@@ -66,32 +67,10 @@ def trt_suggestion(inputs: Sequence[dict], min_batch: int = 1, opt_batch: int = 
     }
 
 
-def _normalisation(transforms) -> dict:
-    return {"interpolation": transforms.interpolation, "mean": [float(v) for v in transforms.mean],
-            "std": [float(v) for v in transforms.std]}
-
-
-def classification_preprocess(transforms) -> dict:
-    """The val transform of ``ppdlx.data.transforms.EvalTransform`` as data: the resolved ``data.transforms``
-    the model was evaluated with (``ppdlx.engine.preprocess_cfg``)."""
-    require_resolved(transforms, CLASSIFICATION_KEYS)
-    return {"type": "resize_short_center_crop", "resize_short": int(transforms.resize_short),
-            "crop_size": int(transforms.crop_size), **_normalisation(transforms), "color": "RGB"}
-
-
-def detection_preprocess(transforms, size: int) -> dict:
-    """The COCO eval transform (``ppdlx.data.coco_dataset``) as data: the longer side resized to ``size``
-    (the resolved ``data.coco.image_size``), normalised, padded bottom/right with 0 (the mean colour)."""
-    require_resolved(transforms, NORMALISATION_KEYS)
-    return {"type": "resize_long_pad", "size": int(size), **_normalisation(transforms), "pad_value": 0.0,
-            "color": "RGB"}
-
-
 def build_meta(*, family: str, name: str, num_classes: int, data_format: str, files, inputs: List[dict],
                outputs: List[dict], preprocess: dict, postprocess: dict, labels: Optional[Sequence[str]],
                tensorrt: dict, onnx_file: Optional[str] = None, extra: Optional[dict] = None,
                random_weights: bool = False) -> dict:
-    import paddle
     meta = {
         "ppdlx_inference": SCHEMA_VERSION,
         "model": {

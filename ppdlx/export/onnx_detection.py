@@ -75,8 +75,8 @@ def integer_topk_index_division(onnx_file: str) -> int:
     million at 512 px: exact in float32, but an engine built with ``trtexec --fp16`` may run that
     ``Div`` in float16, exact to 2048 and infinite above 65504, and gather the wrong anchors. Top-k
     indices are >= 0, where ONNX's truncating integer ``Div`` is the floor."""
-    import onnx
-    from onnx import helper, numpy_helper
+    import onnx  # optional (ppdlx[onnx]): only an ONNX export gets here
+    from onnx import helper, numpy_helper  # optional, as above
     model = onnx.load(onnx_file)
     graph = model.graph
     producers = {out: node for node in graph.node for out in node.output}

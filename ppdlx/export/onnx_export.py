@@ -17,6 +17,7 @@ import numpy as np
 
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.export.files import ModelFiles
+from ppdlx.export.paddle_export import max_abs_diffs
 
 
 class ExportCheckError(ConfigError):
@@ -57,7 +58,7 @@ class OnnxRunner:
     """onnxruntime CPU session with an explicit thread count; ``run(feeds) -> [outputs]``."""
 
     def __init__(self, path: str, threads: int = 1, optimize: bool = True):
-        import onnxruntime as ort
+        import onnxruntime as ort  # optional (ppdlx[onnx]): only an ONNX export is run
         options = ort.SessionOptions()
         if not optimize:  # the graph's ops as written (a QDQ graph's Q/DQ computed as such, not fused)
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -74,7 +75,6 @@ class OnnxRunner:
 
 def check_close(what: str, reference: List[np.ndarray], other: List[np.ndarray], atol: float, rtol: float) -> float:
     """Max abs diff over all outputs; raise if above ``atol + rtol * max|reference|``."""
-    from ppdlx.export.paddle_export import max_abs_diffs
     try:
         diff = max(max_abs_diffs(reference, other))
     except ValueError as err:  # an output of another shape (e.g. a mis-converted dynamic shape)

@@ -18,9 +18,10 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
+from paddle.static.quantization import utils as quant_utils
 
 from ppdlx.errors import UnsupportedError
-from ppdlx.quantization.qat import BITS
+from ppdlx.models.qat import BITS
 
 QMAX = float((1 << (BITS - 1)) - 1)
 WEIGHT_OPS = {"Conv": 1, "MatMul": 1, "Gemm": 1}
@@ -40,8 +41,7 @@ def quantized_check(compare: Callable) -> Callable:
 
 def int8_weight(weight: np.ndarray, ranges: np.ndarray, axis: int) -> np.ndarray:
     """Paddle's own int8 rounding of a weight (``QuantWeightPass`` calls the same function)."""
-    from paddle.static.quantization import utils
-    return np.asarray(utils.quant_tensor(weight.astype(np.float32).copy(), ranges.tolist(), axis, BITS,
+    return np.asarray(quant_utils.quant_tensor(weight.astype(np.float32).copy(), ranges.tolist(), axis, BITS,
                                          onnx_format=True)).astype(np.int8)
 
 
@@ -54,14 +54,14 @@ class _Graph:
         self.count = 0
 
     def constant(self, name: str, array: np.ndarray) -> str:
-        from onnx import numpy_helper
+        from onnx import numpy_helper  # optional (ppdlx[onnx]): only ONNX exports
         self.graph.initializer.append(numpy_helper.from_array(array, name))
         self.initializers[name] = self.graph.initializer[-1]
         return name
 
     def qdq(self, index: int, tensor: str, activation_range: float, tag: str) -> str:
         """Q/DQ of activation ``tensor`` for the node at ``index``; returns the dequantized name."""
-        from onnx import helper
+        from onnx import helper  # optional, as above
         self.count += 1
         base = f"{tensor}.qdq{self.count}.{tag}"
         scale = self.constant(base + ".scale", np.array(max(activation_range, 1e-12) / QMAX, np.float32))
@@ -75,7 +75,7 @@ class _Graph:
     def int8_weight(self, index: int, name: str, ranges: np.ndarray, axis: int) -> str:
         """The dequantized int8 weight ``name``, written once before its first reader (a detector's heads
         share one weight across pyramid levels)."""
-        from onnx import helper, numpy_helper
+        from onnx import helper, numpy_helper  # optional, as above
         if name + ".dq" in self.producer:
             return name + ".dq"
         self.producer[name + ".dq"] = index
@@ -119,9 +119,9 @@ def residual_adds(graph) -> List[tuple]:
 
 def insert_qdq(onnx_file: str, layer_scales: Dict[str, dict], save_file: Optional[str] = None) -> dict:
     """Turn the float ONNX graph in ``onnx_file`` into its QDQ form with ``layer_scales``
-    (:func:`ppdlx.quantization.qat.layer_scales`: per weight parameter name the activation range and the
+    (:func:`ppdlx.models.qat.layer_scales`: per weight parameter name the activation range and the
     per-channel weight ranges; residual quanters in forward order). Returns counts."""
-    import onnx
+    import onnx  # optional, as above
     model = onnx.load(onnx_file)
     g = _Graph(model)
     weights = {k: v for k, v in layer_scales.items() if v["kind"] != "residual"}

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import paddle
 import paddle.nn as nn
+import paddle.inference as pi
 import paddle.nn.functional as F
 from paddle.base.layer_helper import LayerHelper
 
@@ -139,7 +140,6 @@ class PaddleInferenceRunner:
 
     def __init__(self, files: ModelFiles, threads: int = 1, onednn: bool = True,
                  int8_ops: Optional[Sequence[str]] = None, ir_optim: bool = True):
-        import paddle.inference as pi
         config = pi.Config(files.model_file, files.params_file)
         config.disable_gpu()
         if onednn and ir_optim:

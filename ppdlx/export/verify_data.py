@@ -20,6 +20,8 @@ from typing import Any, List, Optional
 
 import numpy as np
 
+from ppdlx.data.coco_index import coco_from_dict, coco_paths, shared_index
+from ppdlx.data.image_folder import scan_image_folder
 from ppdlx.errors import ConfigError
 
 
@@ -54,8 +56,8 @@ def _root(cfg, source: str) -> str:
     return source
 
 
-def classification_set(cfg, source: str, max_images: Optional[int], workdir: str) -> VerifySet:
-    from ppdlx.data.image_folder import scan_image_folder
+def classification_set(cfg, source: str, max_images: Optional[int], workdir: str, postprocess: dict) -> VerifySet:
+    """``postprocess``: the export's ``inference.yml`` postprocess section (the verdict reads it, not the set)."""
     root = _root(cfg, source)
     split_dir = os.path.join(root, cfg.data.val_split)
     found, samples = scan_image_folder(split_dir)
@@ -82,7 +84,6 @@ def classification_set(cfg, source: str, max_images: Optional[int], workdir: str
 
 def detection_set(cfg, source: str, max_images: Optional[int], workdir: str, postprocess: dict) -> VerifySet:
     """``postprocess``: the export's ``inference.yml`` postprocess section (its NMS settings)."""
-    from ppdlx.data.coco_index import coco_from_dict, coco_paths, shared_index
     root = _root(cfg, source)
     json_path, image_dir = coco_paths(cfg.replace({"data.root": root}), "val")
     index = shared_index(json_path, image_dir, cfg.data.coco.invalid)
@@ -111,8 +112,10 @@ def detection_set(cfg, source: str, max_images: Optional[int], workdir: str, pos
                      coco_gt=coco_from_dict(subset), results_file=os.path.join(out_dir, "detections_val.json"))
 
 
+# the set builder of each family an export's inference.yml records
+SETS = {"classification": classification_set, "detection": detection_set}
+
+
 def build_verify_set(cfg, family: str, source: str, max_images: Optional[int], workdir: str,
                      postprocess: dict) -> VerifySet:
-    if family == "detection":
-        return detection_set(cfg, source, max_images, workdir, postprocess)
-    return classification_set(cfg, source, max_images, workdir)
+    return SETS[family](cfg, source, max_images, workdir, postprocess)

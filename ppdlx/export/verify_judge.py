@@ -16,12 +16,17 @@ within ``FP32_AP``) and >= ``FP32_AGREEMENT`` agreement; other precisions may lo
 * numerics: same inputs, but the backend's outputs disagree with the trained model's;
 * weights (detection): the trained model as exported disagrees with the evaluator on the same
   inputs (e.g. BatchNorm statistics the evaluator re-estimates and the export could not).
+
+What differs by family (its metrics, its gate, the case's figures, its own cause) is a judge in ``JUDGES``, keyed
+by the ``family`` an export's ``inference.yml`` records.
 """
 from __future__ import annotations
 
 from typing import List, Optional
 
 import numpy as np
+
+from ppdlx.evaluation.coco import coco_evaluate
 
 FP32_TOP1_POINTS = 0.1
 FP32_AP = 0.005
@@ -41,7 +46,6 @@ def classification_scores(names: List[list], vset) -> dict:
 def detection_scores(dets: List[tuple], vset, names: Optional[List[list]] = None) -> dict:
     """AP/AP50 (pycocotools) of per-image detections; with ``names`` the category comes from the
     reported name, else from the class index."""
-    from ppdlx.engine.coco_eval import coco_evaluate
     cat_of = dict(zip(vset.classes, vset.cat_ids))
     results = []
     for i, (boxes, scores, classes) in enumerate(dets):
@@ -160,17 +164,16 @@ def diagnose(case: dict, labels, vset, trained, expected_preprocess: dict, meta_
         return (f"pre-processing: {detail}; the deploy inputs differ from ppdlx's by up to "
                 f"{trained.input_max_abs_diff:.3g} (mean {trained.input_mean_abs_diff:.3g}) and the trained model on "
                 f"them agrees with its own predictions on {case['preprocess_agreement']:.1%} of images")
-    key = "top1" if vset.family == "classification" else "AP"
+    judge = JUDGES[vset.family]
+    key = judge.primary
     if case["numerics_agreement"] < FP32_AGREEMENT or case["precision"] != "fp32":
         diff = f", max |output diff| {case['max_output_diff']:.3g}" if case.get("max_output_diff") is not None else ""
         return (f"numerics: on the same inputs {case['backend']} {case['precision']} agrees with the trained model on "
                 f"{case['numerics_agreement']:.1%} of images{diff}; {key} {case[key]:.4f} vs {evaluator[key]:.4f} "
                 f"(or the export holds other weights than model.weights: re-export)")
-    if vset.family == "detection" and case["preprocess_agreement"] < FP32_AGREEMENT:
-        return (f"weights: on the same inputs the trained model as exported agrees with ppdlx's evaluator on "
-                f"{case['preprocess_agreement']:.1%} of images: the evaluator scores other weights or BatchNorm "
-                f"statistics (detection.precise_bn_batches re-estimates them from training images, which the export "
-                f"must be able to read)")
+    cause = judge.own_cause(case)
+    if cause:
+        return cause
     if reference_metric is not None and abs(reference_metric - evaluator[key]) > 1e-9:
         return (f"pre-processing: ppdlx's evaluator (data.backend={vset.eval_cfg.data.backend}) scores {key} "
                 f"{evaluator[key]:.4f} but the same model on ppdlx's PIL eval transform, which the deploy package "
@@ -184,12 +187,74 @@ def gate(case: dict, evaluator: dict, family: str, max_drop: float, input_max_ab
     colour-blind model can score the same on BGR or wrongly normalised inputs, a deployed one would not."""
     if input_max_abs_diff > INPUT_TOLERANCE:
         return False
-    if family == "classification":
+    return JUDGES[family].gate(case, evaluator, max_drop)
+
+
+class ClassificationJudge:
+    keys = ("top1", "top5")
+    primary = "top1"
+
+    def judge(self, case, preds, vset, trained, evaluator, meta: dict, reference) -> dict:
+        """The case's scores and agreements (top-1 names and indices, numerics, pre-processing)."""
+        ref_names = [vset.classes[c] for c in trained.reference.top[:, 0]]
+        ours = trained.deploy_inputs.scores
+        if meta["postprocess"].get("output", "logits") == "probabilities":  # the export ends in softmax
+            ours = np.exp(ours - ours.max(-1, keepdims=True))
+            ours = ours / ours.sum(-1, keepdims=True)
+        scores = classification_scores(preds.names, vset)
+        out = {**scores,
+               "agreement": top1_agreement([n[0] for n in preds.names], ref_names),
+               "index_agreement": top1_agreement(preds.top[:, 0], trained.reference.top[:, 0]),
+               "numerics_agreement": top1_agreement(preds.top[:, 0], trained.deploy_inputs.top[:, 0]),
+               "preprocess_agreement": top1_agreement(trained.deploy_inputs.top[:, 0], trained.reference.top[:, 0]),
+               "max_output_diff": float(np.max(np.abs(preds.scores - ours)))}
+        out["drop_points"] = (evaluator["top1"] - scores["top1"]) * 100
+        return out
+
+    def gate(self, case: dict, evaluator: dict, max_drop: float) -> bool:
         points = (evaluator["top1"] - case["top1"]) * 100
         if case["precision"] == "fp32":
             return abs(points) <= FP32_TOP1_POINTS + 1e-9 and case["agreement"] >= FP32_AGREEMENT
         return points <= max_drop + 1e-9
-    if case["precision"] == "fp32":
-        return (abs(evaluator["AP"] - case["AP"]) <= FP32_AP and abs(evaluator["AP50"] - case["AP50"]) <= FP32_AP
-                and case["agreement"] >= FP32_AGREEMENT)
-    return (evaluator["AP"] - case["AP"]) * 100 <= max_drop + 1e-9
+
+    def own_cause(self, case: dict) -> Optional[str]:
+        return None
+
+
+class DetectionJudge:
+    keys = ("AP", "AP50")
+    primary = "AP"
+
+    def judge(self, case, preds, vset, trained, evaluator, meta: dict, reference) -> dict:
+        """The case's AP and box agreements (names, indices, numerics, pre-processing) at the display threshold."""
+        postprocess = meta["postprocess"]
+        threshold = float(postprocess.get("score_threshold", 0.4))
+        full = int(postprocess.get("max_detections", 100))
+        scores = detection_scores(preds.dets, vset, preds.names)
+        ref_named = keyed(reference.dets, classes=vset.classes)
+        deploy_by_index = keyed(preds.dets, classes=vset.classes)
+        ours_on_deploy_inputs = keyed(trained.deploy_inputs.dets, classes=vset.classes)
+        return {**scores,
+                "agreement": box_agreement(keyed(preds.dets, keys=preds.names), ref_named, threshold, full),
+                "index_agreement": box_agreement(deploy_by_index, ref_named, threshold, full),
+                "numerics_agreement": box_agreement(deploy_by_index, ours_on_deploy_inputs, threshold, full),
+                "preprocess_agreement": box_agreement(ours_on_deploy_inputs, ref_named, threshold, full),
+                "kept_boxes": int(sum(int(np.sum(d[1] >= threshold)) for d in reference.dets)),
+                "drop_points": (evaluator["AP"] - scores["AP"]) * 100}
+
+    def gate(self, case: dict, evaluator: dict, max_drop: float) -> bool:
+        if case["precision"] == "fp32":
+            return (abs(evaluator["AP"] - case["AP"]) <= FP32_AP and abs(evaluator["AP50"] - case["AP50"]) <= FP32_AP
+                    and case["agreement"] >= FP32_AGREEMENT)
+        return (evaluator["AP"] - case["AP"]) * 100 <= max_drop + 1e-9
+
+    def own_cause(self, case: dict) -> Optional[str]:
+        if case["preprocess_agreement"] >= FP32_AGREEMENT:
+            return None
+        return (f"weights: on the same inputs the trained model as exported agrees with ppdlx's evaluator on "
+                f"{case['preprocess_agreement']:.1%} of images: the evaluator scores other weights or BatchNorm "
+                f"statistics (detection.precise_bn_batches re-estimates them from training images, which the export "
+                f"must be able to read)")
+
+
+JUDGES = {"classification": ClassificationJudge(), "detection": DetectionJudge()}

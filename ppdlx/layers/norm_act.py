@@ -1,11 +1,21 @@
-"""BatchNorm with its activation, and the conv -> BatchNorm -> activation block."""
+"""BatchNorm with its activation, and the conv -> BatchNorm -> activation block.
+
+Knowing what follows the normalisation is what lets a ``BatchNormAct2D`` built under
+``layer_config(cpu_kernels=True)`` train with ReLU (or nothing) after it in one oneDNN pass instead of two Paddle
+kernels (``cpu_kernel = "onednn"``). Evaluation, and a BatchNorm with fixed statistics (frozen while the rest
+trains, e.g. ``detection.freeze_bn_max_pixels``), keep Paddle's kernel: they must use, and not update, the
+running statistics.
+"""
 from __future__ import annotations
 
 import paddle
 import paddle.nn as nn
 
 from ppdlx.layers.activations import create_act
+from ppdlx.layers.config import get_layer_config
+from ppdlx.layers.conv import Conv2D
 from ppdlx.layers.helpers import get_padding
+from ppdlx.ops import onednn
 
 
 class _BatchNorm2DParameterNames(nn.Layer):
@@ -25,8 +35,12 @@ class BatchNormAct2D(nn.BatchNorm2D, _BatchNorm2DParameterNames):
         gamma = paddle.ParamAttr(initializer=nn.initializer.Constant(0.0)) if zero_init_gamma else None
         super().__init__(num_features, momentum=momentum, epsilon=eps, weight_attr=gamma, data_format=data_format)
         self.act = act if isinstance(act, nn.Layer) else create_act(act)
+        self.cpu_kernel = "onednn" if (get_layer_config().cpu_kernels and type(self) is BatchNormAct2D
+                                       and type(self.act) in (nn.ReLU, nn.Identity)) else None
 
     def forward(self, x):
+        if self.cpu_kernel == "onednn" and self.training and not self._use_global_stats:
+            return onednn.batch_norm_train(x, self, type(self.act) is nn.ReLU, self._data_format == "NHWC")
         return self.act(super().forward(x))
 
 
@@ -42,7 +56,7 @@ class ConvNormAct(nn.Layer):
         super().__init__()
         if padding is None:
             padding = get_padding(kernel_size, stride)
-        self.conv = nn.Conv2D(in_ch, out_ch, kernel_size, stride=stride, padding=padding, groups=groups,
+        self.conv = Conv2D(in_ch, out_ch, kernel_size, stride=stride, padding=padding, groups=groups,
                               bias_attr=False, data_format=data_format,
                               weight_attr=nn.initializer.KaimingNormal())
         self.bn = BatchNormAct2D(out_ch, act, eps=eps, momentum=momentum, data_format=data_format,

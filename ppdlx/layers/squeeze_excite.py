@@ -4,6 +4,7 @@ from __future__ import annotations
 import paddle.nn as nn
 
 from ppdlx.layers.activations import create_act
+from ppdlx.layers.conv import Conv2D
 
 
 def kaiming_normal_weights(fan_in):
@@ -30,7 +31,7 @@ class SqueezeExcite(nn.Layer):
         self._reduce_name, self._expand_name = names
         for name, cin, cout in ((names[0], channels, rd_channels), (names[1], rd_channels, channels)):
             weight_attr, bias_attr = init(cin)
-            self.add_sublayer(name, nn.Conv2D(cin, cout, 1, data_format=data_format, weight_attr=weight_attr,
+            self.add_sublayer(name, Conv2D(cin, cout, 1, data_format=data_format, weight_attr=weight_attr,
                                               bias_attr=bias_attr))
         self.act = create_act(act)
         self.gate = nn.Sigmoid()

@@ -1,7 +1,6 @@
 """Classification losses (registered in ``LOSSES``)."""
 from __future__ import annotations
 
-import paddle
 import paddle.nn.functional as F
 
 from ppdlx.registry import LOSSES

@@ -18,7 +18,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
-from ppdlx.layers import BatchNormAct2D
+from ppdlx.layers import BatchNormAct2D, Conv2D, MaxPool2D
 from ppdlx.models.detection.anchors import DEFAULT_ASPECT_RATIOS
 from ppdlx.models.efficientnet import BN_EPS, BN_MOMENTUM, efficientnet_b0
 from ppdlx.models.model_cfg import check_num_classes, detection_cfg
@@ -48,12 +48,12 @@ class SeparableConv(nn.Layer):
         super().__init__()
         self.init = init or nn.initializer.XavierUniform
         self.bias_init = bias_init
-        self.depthwise = nn.Conv2D(in_ch, in_ch, kernel_size, padding="SAME", groups=in_ch, bias_attr=False,
+        self.depthwise = Conv2D(in_ch, in_ch, kernel_size, padding="SAME", groups=in_ch, bias_attr=False,
                                    data_format=data_format, weight_attr=paddle.ParamAttr(initializer=self.init()))
         self.pointwise = self._pointwise(in_ch, out_ch, data_format)
 
     def _pointwise(self, in_ch, out_ch, data_format):
-        return nn.Conv2D(in_ch, out_ch, 1, data_format=data_format,
+        return Conv2D(in_ch, out_ch, 1, data_format=data_format,
                          weight_attr=paddle.ParamAttr(initializer=self.init()),
                          bias_attr=paddle.ParamAttr(initializer=nn.initializer.Constant(self.bias_init)))
 
@@ -75,14 +75,14 @@ class ResampleFeatureMap(nn.Layer):
         self.data_format = data_format
         self.conv = self.bn = None
         if in_ch != out_ch:
-            self.conv = nn.Conv2D(in_ch, out_ch, 1, data_format=data_format,
+            self.conv = Conv2D(in_ch, out_ch, 1, data_format=data_format,
                                   weight_attr=paddle.ParamAttr(initializer=nn.initializer.XavierUniform()))
             self.bn = _bn(out_ch, data_format)
         self.level_diff = level_diff
         self.pool = None
         if level_diff > 0:
             stride = 2 ** level_diff
-            self.pool = nn.MaxPool2D(stride + 1, stride, padding="SAME", data_format=data_format)
+            self.pool = MaxPool2D(stride + 1, stride, padding="SAME", data_format=data_format)
 
     def forward(self, x, target=None):
         if self.conv is not None:

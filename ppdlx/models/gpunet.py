@@ -159,46 +159,28 @@ def _build(name, num_classes, data_format, drop_path_rate, dropout):
                             drop_path_rate=drop_path_rate, dropout=dropout, crop_pct=EVAL_CROP_PCT.get(name, 1.0))
 
 
-@MODELS.register("gpunet_0")
-def gpunet_0(num_classes=1000, data_format="NCHW", drop_path_rate=0.2, dropout=0.2):
-    """GPUNet-0 (0.65 ms GV100), 320 px."""
-    return _build("gpunet_0", num_classes, data_format, drop_path_rate, dropout)
+# The published architectures: (eval resolution and GV100 latency, default drop_path_rate). The distill family's
+# reference has no stochastic depth, so its default is 0.
+ARCHITECTURES = {
+    "gpunet_0": ("GPUNet-0 (0.65 ms GV100), 320 px.", 0.2),
+    "gpunet_1": ("GPUNet-1 (0.85 ms GV100), 288 px.", 0.2),
+    "gpunet_2": ("GPUNet-2 (1.75 ms GV100), 384 px.", 0.2),
+    "gpunet_p0": ("GPUNet-P0 (0.5 ms GV100), 224 px; non-distill module family.", 0.2),
+    "gpunet_p1": ("GPUNet-P1 (0.8 ms GV100), 224 px; non-distill module family.", 0.2),
+    "gpunet_d1": ("GPUNet-D1 (1.25 ms GV100), 456 px; distill family.", 0.0),
+    "gpunet_d2": ("GPUNet-D2 (2.25 ms GV100), 528 px; distill family.", 0.0),
+}
 
 
-@MODELS.register("gpunet_1")
-def gpunet_1(num_classes=1000, data_format="NCHW", drop_path_rate=0.2, dropout=0.2):
-    """GPUNet-1 (0.85 ms GV100), 288 px."""
-    return _build("gpunet_1", num_classes, data_format, drop_path_rate, dropout)
+def _register(name: str, doc: str, drop_path_default: float):
+    def build(num_classes=1000, data_format="NCHW", drop_path_rate=drop_path_default, dropout=0.2):
+        return _build(name, num_classes, data_format, drop_path_rate, dropout)
+    build.__name__, build.__qualname__, build.__doc__ = name, name, doc
+    return MODELS.register(name)(build)
 
 
-@MODELS.register("gpunet_2")
-def gpunet_2(num_classes=1000, data_format="NCHW", drop_path_rate=0.2, dropout=0.2):
-    """GPUNet-2 (1.75 ms GV100), 384 px."""
-    return _build("gpunet_2", num_classes, data_format, drop_path_rate, dropout)
-
-
-@MODELS.register("gpunet_p0")
-def gpunet_p0(num_classes=1000, data_format="NCHW", drop_path_rate=0.2, dropout=0.2):
-    """GPUNet-P0 (0.5 ms GV100), 224 px; non-distill module family."""
-    return _build("gpunet_p0", num_classes, data_format, drop_path_rate, dropout)
-
-
-@MODELS.register("gpunet_p1")
-def gpunet_p1(num_classes=1000, data_format="NCHW", drop_path_rate=0.2, dropout=0.2):
-    """GPUNet-P1 (0.8 ms GV100), 224 px; non-distill module family."""
-    return _build("gpunet_p1", num_classes, data_format, drop_path_rate, dropout)
-
-
-@MODELS.register("gpunet_d1")
-def gpunet_d1(num_classes=1000, data_format="NCHW", drop_path_rate=0.0, dropout=0.2):
-    """GPUNet-D1 (1.25 ms GV100), 456 px; distill family (reference: no stochastic depth, so default 0)."""
-    return _build("gpunet_d1", num_classes, data_format, drop_path_rate, dropout)
-
-
-@MODELS.register("gpunet_d2")
-def gpunet_d2(num_classes=1000, data_format="NCHW", drop_path_rate=0.0, dropout=0.2):
-    """GPUNet-D2 (2.25 ms GV100), 528 px; distill family (reference: no stochastic depth, so default 0)."""
-    return _build("gpunet_d2", num_classes, data_format, drop_path_rate, dropout)
+for _name, (_doc, _drop_path) in ARCHITECTURES.items():
+    _register(_name, _doc, _drop_path)
 
 
 @MODELS.register("gpunet_json")
@@ -212,4 +194,4 @@ def gpunet_json(json_path, num_classes=None, data_format="NCHW", drop_path_rate=
                             drop_path_rate=drop_path_rate, dropout=dropout)
 
 
-GPUNET_NAMES = ("gpunet_0", "gpunet_1", "gpunet_2", "gpunet_p0", "gpunet_p1", "gpunet_d1", "gpunet_d2")
+GPUNET_NAMES = tuple(ARCHITECTURES)

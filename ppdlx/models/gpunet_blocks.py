@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import paddle.nn as nn
 
-from ppdlx.layers import BatchNormAct2D, SqueezeExcite, drop_path, fan_in_uniform, get_padding, make_divisible
+from ppdlx.layers import BatchNormAct2D, Conv2D, SqueezeExcite, drop_path, fan_in_uniform, get_padding, make_divisible
 
 BN_MOMENTUM = 0.9  # paddle's running = m*running + (1-m)*batch; == PyTorch momentum 0.1
 
@@ -32,7 +32,7 @@ def same_padding_static(kernel_size, stride=1, dilation=1):
 
 def conv2d(in_ch, out_ch, kernel_size, stride=1, padding=0, groups=1, bias=False, data_format="NCHW"):
     fan_in = (in_ch // groups) * kernel_size * kernel_size
-    return nn.Conv2D(in_ch, out_ch, kernel_size, stride=stride, padding=padding, groups=groups,
+    return Conv2D(in_ch, out_ch, kernel_size, stride=stride, padding=padding, groups=groups,
                      data_format=data_format, weight_attr=fan_in_uniform(fan_in),
                      bias_attr=fan_in_uniform(fan_in) if bias else False)
 
@@ -75,12 +75,30 @@ class _Block(nn.Layer):
     def effective_drop_path_rate(self):
         return self.drop_path_rate if self.has_residual else 0.0
 
+    def _shape(self, in_ch, out_ch, stride, mid, drop_path_rate) -> int:
+        """Record the block's ``mid`` channels, whether it is residual (shape kept) and its drop path; ``mid``."""
+        self.mid_channels = mid
+        self.has_residual = in_ch == out_ch and stride == 1
+        self.drop_path_rate = drop_path_rate
+        return mid
+
     def _residual(self, x, shortcut):
         if self.has_residual:
             if self.drop_path_rate > 0.0:
                 x = drop_path(x, self.drop_path_rate, self.training)
             x = x + shortcut
         return x
+
+
+class _Expanded(_Block):
+    """An expanding residual block (irb, fused_irb): ``mid`` channels, an optional squeeze-excite on them, a 1x1
+    projection to ``out_ch``; residual when the shape is kept."""
+
+    @staticmethod
+    def _project(mid, out_ch, exp_ratio, use_se, act, data_format) -> tuple:
+        """``(squeeze-excite or Identity, 1x1 projection, its BN)``, built in that order."""
+        se = squeeze_excite(mid, exp_ratio, act, data_format) if use_se else nn.Identity()
+        return se, conv2d(mid, out_ch, 1, data_format=data_format), batch_norm(out_ch, 1e-3, data_format)
 
 
 class _Sequential(_Block):
@@ -127,24 +145,19 @@ class ConvBnAct(_Block):
         return self.bn1(self.conv(x))
 
 
-class InvertedResidual(_Block):
+class InvertedResidual(_Expanded):
     """irb: 1x1 expand -> BN -> act -> kxk depthwise -> BN -> act -> [SE] -> 1x1 project -> BN."""
 
     def __init__(self, in_ch, out_ch, kernel_size=3, stride=1, exp_ratio=1.0, use_se=False, act="relu",
                  drop_path_rate=0.0, data_format="NCHW"):
         super().__init__()
-        mid = make_divisible(in_ch * exp_ratio)
-        self.mid_channels = mid
-        self.has_residual = in_ch == out_ch and stride == 1
-        self.drop_path_rate = drop_path_rate
+        mid = self._shape(in_ch, out_ch, stride, make_divisible(in_ch * exp_ratio), drop_path_rate)
         self.conv_pw = conv2d(in_ch, mid, 1, data_format=data_format)
         self.bn1 = batch_norm(mid, 1e-3, data_format, act)
         self.conv_dw = conv2d(mid, mid, kernel_size, stride=stride, padding=get_padding(kernel_size, stride),
                               groups=mid, data_format=data_format)
         self.bn2 = batch_norm(mid, 1e-3, data_format, act)
-        self.se = squeeze_excite(mid, exp_ratio, act, data_format) if use_se else nn.Identity()
-        self.conv_pwl = conv2d(mid, out_ch, 1, data_format=data_format)
-        self.bn3 = batch_norm(out_ch, 1e-3, data_format)
+        self.se, self.conv_pwl, self.bn3 = self._project(mid, out_ch, exp_ratio, use_se, act, data_format)
 
     def forward(self, x):
         shortcut = x
@@ -153,22 +166,17 @@ class InvertedResidual(_Block):
         return self._residual(x, shortcut)
 
 
-class EdgeResidual(_Block):
+class EdgeResidual(_Expanded):
     """fused_irb: kxk conv (stride, "same" pad quirk) -> BN -> act -> [SE] -> 1x1 project -> BN."""
 
     def __init__(self, in_ch, out_ch, kernel_size=3, stride=1, exp_ratio=1.0, use_se=False, act="relu",
                  drop_path_rate=0.0, data_format="NCHW"):
         super().__init__()
-        mid = make_divisible(in_ch * exp_ratio)
-        self.mid_channels = mid
-        self.has_residual = in_ch == out_ch and stride == 1
-        self.drop_path_rate = drop_path_rate
+        mid = self._shape(in_ch, out_ch, stride, make_divisible(in_ch * exp_ratio), drop_path_rate)
         self.conv_exp = conv2d(in_ch, mid, kernel_size, stride=stride,
                                padding=same_padding_static(kernel_size, stride), data_format=data_format)
         self.bn1 = batch_norm(mid, 1e-3, data_format, act)
-        self.se = squeeze_excite(mid, exp_ratio, act, data_format) if use_se else nn.Identity()
-        self.conv_pwl = conv2d(mid, out_ch, 1, data_format=data_format)
-        self.bn2 = batch_norm(out_ch, 1e-3, data_format)
+        self.se, self.conv_pwl, self.bn2 = self._project(mid, out_ch, exp_ratio, use_se, act, data_format)
 
     def forward(self, x):
         shortcut = x
@@ -211,16 +219,21 @@ class PrologueLargeD(_Sequential):
         self.net = reference_sequential(*layers)
 
 
-class InvertedResidualBlockD(_Block):
+class _BodyD(_Block):
+    """A distill-family residual block: one ``reference_sequential`` called ``body``, residual when the shape is
+    kept."""
+
+    def forward(self, x):
+        return self._residual(self.body(x), x)
+
+
+class InvertedResidualBlockD(_BodyD):
     """irb (distill): 1x1(groups) -> BN -> ReLU -> kxk dw (pad k//2) -> BN -> ReLU -> 1x1(groups) -> BN."""
 
     def __init__(self, in_ch, out_ch, kernel_size, stride, expansion, groups=1, drop_path_rate=0.0,
                  data_format="NCHW"):
         super().__init__()
-        mid = in_ch * expansion
-        self.mid_channels = mid
-        self.has_residual = stride == 1 and in_ch == out_ch
-        self.drop_path_rate = drop_path_rate
+        mid = self._shape(in_ch, out_ch, stride, in_ch * expansion, drop_path_rate)
         self.body = reference_sequential(
             conv2d(in_ch, mid, 1, groups=groups, data_format=data_format),
             batch_norm(mid, 1e-5, data_format, "relu"),
@@ -230,27 +243,18 @@ class InvertedResidualBlockD(_Block):
             conv2d(mid, out_ch, 1, groups=groups, data_format=data_format),
             batch_norm(out_ch, 1e-5, data_format))
 
-    def forward(self, x):
-        return self._residual(self.body(x), x)
 
-
-class FusedIRBD(_Block):
+class FusedIRBD(_BodyD):
     """fused_irb (distill): kxk conv (pad k//2) -> BN(1e-3) -> ReLU -> 1x1 -> BN(1e-3)."""
 
     def __init__(self, in_ch, out_ch, kernel_size, stride, expansion, drop_path_rate=0.0, data_format="NCHW"):
         super().__init__()
-        mid = in_ch * expansion
-        self.mid_channels = mid
-        self.has_residual = stride == 1 and in_ch == out_ch
-        self.drop_path_rate = drop_path_rate
+        mid = self._shape(in_ch, out_ch, stride, in_ch * expansion, drop_path_rate)
         self.body = reference_sequential(
             conv2d(in_ch, mid, kernel_size, stride=stride, padding=kernel_size // 2, data_format=data_format),
             batch_norm(mid, 1e-3, data_format, "relu"),
             conv2d(mid, out_ch, 1, data_format=data_format),
             batch_norm(out_ch, 1e-3, data_format))
-
-    def forward(self, x):
-        return self._residual(self.body(x), x)
 
 
 class EpilogueD(_Tail):

@@ -64,6 +64,12 @@ def count_params(model) -> int:
     return int(sum(int(np.prod([int(d) for d in p.shape])) for p in model.parameters() if id(p) not in stats))
 
 
+def count_trainable_params(model) -> int:
+    """The parameters the optimizer updates (frozen ones and BN statistics left out); ppdlx.models.info.count_params
+    counts every weight, frozen or not."""
+    return int(sum(int(np.prod(p.shape)) for p in model.parameters() if not p.stop_gradient))
+
+
 def model_info(model, resolution: int, data_format: Optional[str] = None, in_channels: int = 3) -> Dict[str, Any]:
     """``{"params", "macs", "resolution", "output_shape", "layers", "macs_by_layer"}`` for one image
     at ``resolution``, fed in ``data_format`` (default: the model's own ``data_format``, else NCHW)."""
@@ -103,11 +109,3 @@ def model_info(model, resolution: int, data_format: Optional[str] = None, in_cha
             model.train()
     return {"params": count_params(model), "macs": int(sum(macs_by_layer.values())), "resolution": int(resolution),
             "output_shape": _shapes(output), "layers": layers, "macs_by_layer": macs_by_layer}
-
-
-def config_resolution(cfg, default_cfg: dict) -> int:
-    """The input size a config runs the model at, by the model's task (``default_cfg["task"]``):
-    ``data.coco.image_size`` for a detection model, else ``data.transforms.crop_size``."""
-    if default_cfg["task"] == "detection":
-        return int(cfg.data.coco.image_size)
-    return int(cfg.data.transforms.crop_size)

@@ -36,25 +36,6 @@ def detection_cfg(image_size: int, interpolation: str, classifier: str, mean=IMA
             "pad_value": 0.0, "classifier": classifier}
 
 
-def config_changes(default_cfg: dict) -> dict:
-    """The config values that pre-process a model's input the way its ``default_cfg`` says, as
-    ``Config.replace`` changes: ``data.transforms`` crop size and ``crop_pct`` (``resize_short`` follows
-    from it) for classification, ``data.coco.image_size`` for detection; interpolation and mean/std for both."""
-    size = default_cfg["input_size"][1]
-    sized = {"data.transforms.crop_size": size, "data.transforms.crop_pct": default_cfg["crop_pct"]} \
-        if default_cfg["task"] == "classification" else {"data.coco.image_size": size}
-    return {**sized, "data.transforms.interpolation": default_cfg["interpolation"],
-            "data.transforms.mean": list(default_cfg["mean"]), "data.transforms.std": list(default_cfg["std"])}
-
-
-def eval_transforms_changes(default_cfg: dict) -> dict:
-    """:func:`config_changes` of a classification model (its ``data.transforms``)."""
-    if default_cfg["task"] != "classification":
-        raise ConfigError(f"eval transforms from default_cfg: a {default_cfg['task']} model's pre-processing is "
-                          f"{default_cfg['preprocess']}, not resize_short_center_crop")
-    return config_changes(default_cfg)
-
-
 def check_num_classes(num_classes) -> int:
     """``num_classes`` for ``reset_classifier``: a positive integer."""
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:

@@ -1,14 +1,19 @@
 """ResNet v1.5 (stride on the 3x3 conv of downsampling bottlenecks).
 
-Matches NVIDIA's RN50 v1.5 layout: 25,557,032 parameters at 1000 classes.
+Matches NVIDIA's RN50 v1.5 layout: 25,557,032 parameters at 1000 classes. Built under
+``layer_config(cpu_kernels=True)`` (``ppdlx.layers.config``) a bottleneck ends its training forward with one oneDNN
+add + ReLU pass (exact in float32), and with ``bf16=True`` too the network trains with bf16 activations between
+its layers (``ppdlx.models.resnet_bf16``); evaluation always takes the float32 forward below.
 """
 from __future__ import annotations
 
 import paddle
 import paddle.nn as nn
 
-from ppdlx.layers import ConvNormAct, fan_in_uniform
+import ppdlx.models.resnet_bf16 as resnet_bf16
+from ppdlx.layers import ConvNormAct, MaxPool2D, fan_in_uniform, get_layer_config
 from ppdlx.models.model_cfg import check_num_classes, classification_cfg
+from ppdlx.ops import onednn
 from ppdlx.registry import MODELS
 
 
@@ -27,13 +32,18 @@ class Bottleneck(nn.Layer):
         if stride != 1 or in_ch != out_ch:
             self.shortcut = ConvNormAct(in_ch, out_ch, 1, stride=stride, act=None, data_format=data_format)
         # An identity unless the model is quantized: then the residual input is fake-quantized before the
-        # add, where NVIDIA's QAT (quant_aware's AddQuantDequantForResidual) quantizes it (ppdlx.quantization).
+        # add, where NVIDIA's QAT (quant_aware's AddQuantDequantForResidual) quantizes it (ppdlx.models.qat).
         self.residual_quant = nn.quant.Stub()
         self.relu = nn.ReLU()
+        self.cpu_kernel = "add_relu" if get_layer_config().cpu_kernels and type(self) is Bottleneck else None
 
     def forward(self, x):
         identity = self.residual_quant(x if self.shortcut is None else self.shortcut(x))
-        return self.relu(self.conv3(self.conv2(self.conv1(x))) + identity)
+        y = self.conv3(self.conv2(self.conv1(x)))
+        # Evaluation keeps Paddle's add and ReLU, as the batch norms keep Paddle's kernels there.
+        if self.cpu_kernel == "add_relu" and self.training:
+            return onednn.add_relu(y, identity)
+        return self.relu(y + identity)
 
 
 class ResNet(nn.Layer):
@@ -45,7 +55,7 @@ class ResNet(nn.Layer):
         self.data_format = data_format
         self.num_classes = num_classes
         self.stem = ConvNormAct(in_channels, stem_width, 7, stride=2, data_format=data_format)
-        self.pool = nn.MaxPool2D(3, stride=2, padding=1, data_format=data_format)
+        self.pool = MaxPool2D(3, stride=2, padding=1, data_format=data_format)
         stages, in_ch = [], stem_width
         for i, (depth, width) in enumerate(zip(depths, widths)):
             blocks = []
@@ -59,6 +69,10 @@ class ResNet(nn.Layer):
         self.avgpool = nn.AdaptiveAvgPool2D(1, data_format=data_format)
         self.fc = self._classifier(num_classes)
         self.default_cfg = classification_cfg(224, 0.875, "bilinear", classifier="fc")
+        config = get_layer_config()
+        self.bf16_activations = (config.cpu_kernels and config.bf16 and type(self) is ResNet
+                                 and resnet_bf16.covers(self))
+        self.bf16_activation_blocks = len(resnet_bf16.blocks(self)) if self.bf16_activations else 0
 
     def _classifier(self, num_classes):
         return nn.Linear(self.num_features, num_classes, weight_attr=fan_in_uniform(self.num_features))
@@ -70,6 +84,11 @@ class ResNet(nn.Layer):
 
     def forward_features(self, x):
         """The last stage's feature map (``num_features`` channels, stride 32)."""
+        if self.bf16_activations and resnet_bf16.trains_whole(self):
+            return resnet_bf16.forward_features(self, x)
+        return self.forward_features_float32(x)
+
+    def forward_features_float32(self, x):
         x = self.pool(self.stem(x))
         for stage in self.stages:
             x = stage(x)

@@ -1,5 +1,6 @@
 """oneDNN convolution, batch norm, max pool, add + ReLU and fork for CPU dygraph training
-(``ppdlx/ops/onednn_kernels.cc``, ``onednn_norm_pool.cc``).
+(``ppdlx/ops/onednn_kernels.cc``, ``onednn_norm_pool.cc``), as functions on tensors; the layers that use
+them pick them when they are built (``ppdlx.layers.conv``, ``ppdlx.layers.norm_act``, ``ppdlx.models.resnet``).
 
 The ops are compiled once per machine with ``paddle.utils.cpp_extension`` against the oneDNN
 library inside Paddle's own wheel (``paddle/libs/libdnnl.so.3``, oneDNN 3.6) and the headers of
@@ -19,6 +20,10 @@ import warnings
 from pathlib import Path
 
 import paddle
+
+with warnings.catch_warnings():  # cpp_extension warns about ccache on import
+    warnings.simplefilter("ignore")
+    from paddle.utils import cpp_extension
 
 log = logging.getLogger("ppdlx")
 
@@ -72,9 +77,6 @@ def load():
         raise OneDNNUnavailable(reason)
     build = build_dir()
     build.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():  # cpp_extension warns about ccache on import
-        warnings.simplefilter("ignore")
-        from paddle.utils import cpp_extension
     with open(build / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         library = build / "ppdlx_onednn_kernels" / "ppdlx_onednn_kernels.so"
@@ -113,10 +115,10 @@ def explicit_paddings(layer) -> list[int] | str:
     padding = layer._padding
     if isinstance(padding, str):
         return "SAME" if padding.upper() == "SAME" else [0, 0, 0, 0]
-    return _four_paddings(padding)
+    return four_paddings(padding)
 
 
-def _four_paddings(padding) -> list[int]:
+def four_paddings(padding) -> list[int]:
     """An int, ``[h, w]`` or ``[top, bottom, left, right]`` as the last form."""
     if isinstance(padding, int):
         return [padding] * 4
@@ -150,34 +152,6 @@ def conv2d(x, weight, stride, paddings, dilation, groups, channels_last, bf16: b
               out_bf16)[0]
 
 
-def _onednn_forward(self, x):
-    # bf16 trains only: evaluation computes exactly what the float32 export will
-    y = conv2d(x, self.weight, self._stride, self._onednn_paddings, self._dilation, self._groups,
-               self._data_format == "NHWC", self._onednn_bf16 and self.training, False)
-    if self.bias is None:
-        return y
-    return y + (self.bias if self._data_format == "NHWC" else self.bias.reshape([1, -1, 1, 1]))
-
-
-def use_onednn_convs(model, skip=lambda layer: False, bf16: bool = False) -> tuple[int, int]:
-    """Runs the ``paddle.nn.Conv2D`` layers of ``model`` (except ``skip(layer)``) through the oneDNN
-    op, in bfloat16 while training if ``bf16``; returns (switched, kept): subclasses and non-zero
-    padding modes keep Paddle's kernel."""
-    load()
-    switched = kept = 0
-    for layer in model.sublayers(include_self=True):
-        if not isinstance(layer, paddle.nn.Conv2D) or skip(layer):
-            continue
-        if type(layer) is not paddle.nn.Conv2D or layer._padding_mode != "zeros":
-            kept += 1
-            continue
-        layer._onednn_paddings = explicit_paddings(layer)
-        layer._onednn_bf16 = bf16
-        layer.forward = types.MethodType(_onednn_forward, layer)
-        switched += 1
-    return switched, kept
-
-
 def batch_norm_train(x, bn, fuse_relu: bool, channels_last: bool):
     """Training-mode ``paddle.nn.BatchNorm2D`` (+ ReLU when ``fuse_relu``) through oneDNN in one
     pass, float32 or bfloat16 ``x`` (the output has its type); updates ``bn``'s running statistics
@@ -209,23 +183,3 @@ def fork(x):
     gradients with oneDNN (Paddle's own sum of two bfloat16 gradients runs on one thread)."""
     a, b = load().fork(x)
     return a, b
-
-
-def _max_pool_forward(self, x):
-    return max_pool2d(x, self.ksize, self.stride if self.stride is not None else self.ksize, self._onednn_paddings,
-                      self.data_format == "NHWC")
-
-
-def use_onednn_max_pools(model) -> int:
-    """Runs the ``paddle.nn.MaxPool2D`` layers of ``model`` (floor mode, no mask, explicit padding)
-    through the oneDNN op; returns how many."""
-    load()
-    count = 0
-    for layer in model.sublayers(include_self=True):
-        if (type(layer) is not paddle.nn.MaxPool2D or layer.ceil_mode or layer.return_mask
-                or isinstance(layer.padding, str)):
-            continue
-        layer._onednn_paddings = _four_paddings(layer.padding)
-        layer.forward = types.MethodType(_max_pool_forward, layer)
-        count += 1
-    return count

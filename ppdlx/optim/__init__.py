@@ -10,10 +10,15 @@ from ppdlx.optim.schedules import batch_change_line, build_lr_schedule, global_b
 from ppdlx.registry import OPTIMIZERS
 
 __all__ = ["batch_change_line", "build_lr_schedule", "build_optimizer", "flat_optimizer", "global_batch_record",
-           "grad_clip", "is_no_decay", "param_groups", "scaled_lr"]
+           "grad_clip", "is_no_decay", "optimizer_groups", "param_groups", "scaled_lr"]
+
+
+def optimizer_groups(cfg, model) -> list:
+    """:func:`param_groups` of ``model`` as ``cfg.optimizer`` asks (which parameters decay)."""
+    return param_groups(model, cfg.optimizer.weight_decay, cfg.optimizer.decay_params)
 
 
 def build_optimizer(cfg, model, lr_schedule, multi_precision=False):
-    groups = param_groups(model, cfg.optimizer.weight_decay, cfg.optimizer.decay_params)
+    groups = optimizer_groups(cfg, model)
     return flat_optimizer(lambda params: OPTIMIZERS.build(cfg.optimizer.name, lr=lr_schedule, groups=params, cfg=cfg,
                                                           multi_precision=multi_precision), groups)

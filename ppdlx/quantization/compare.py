@@ -10,7 +10,7 @@ import numpy as np
 from ppdlx.errors import UnsupportedError
 from ppdlx.export import ModelFiles, PaddleInferenceRunner
 from ppdlx.quantization.images import ExportPreprocess
-from ppdlx.quantization.onednn import ONEDNN_INT8_OPS
+from ppdlx.export.onednn_int8 import ONEDNN_INT8_OPS
 
 
 class Int8Runner(PaddleInferenceRunner):

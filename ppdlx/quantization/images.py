@@ -10,10 +10,12 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+import ppdlx.tasks  # noqa: F401  (registers the task plug-ins TASKS names)
 from ppdlx.data.image_file import open_rgb
 from ppdlx.data.image_folder import IMAGE_EXTENSIONS, scan_image_folder
 from ppdlx.data.transforms import EvalTransform
 from ppdlx.errors import ConfigError, DataError, UnsupportedError
+from ppdlx.registry import TASKS
 
 # The keys EvalTransform reads, i.e. what a classification export's preprocess must carry.
 PREPROCESS_KEYS = ("resize_short", "crop_size", "interpolation", "mean", "std")
@@ -44,7 +46,7 @@ def spread_subset(paths: Sequence[str], count: Optional[int]) -> List[str]:
 def image_input(meta: dict) -> dict:
     """The export's image input spec; detection exports (two inputs, letterbox) are refused."""
     family = meta.get("model", {}).get("family")
-    if family != "classification":
+    if family not in TASKS or not TASKS.get(family).classifies_images:
         raise UnsupportedError(f"int8 calibration: model.family {family} in inference.yml; only classification "
                                f"exports are calibrated here (detection exports have no legacy-program route)")
     images = [i for i in meta.get("inputs", []) if i.get("role") == "image"]

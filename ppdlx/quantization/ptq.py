@@ -24,14 +24,19 @@ import os
 import time
 from typing import Optional
 
+import numpy as np
+import paddle
+from paddle.base.proto import framework_pb2
+from paddle.static.quantization import PostTrainingQuantization
+
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.export import META_FILE, find_model_files, read_meta
 from ppdlx.export.files import ModelFiles, file_records, publish_export, staged_export
 from ppdlx.export.meta import write_meta
+from ppdlx.export.onednn_int8 import ACTIVATION_HEADROOM, ONEDNN_INT8_OPS, default_headroom  # noqa: F401  (re-exported)
 from ppdlx.quantization.compare import compare_predictions
 from ppdlx.quantization.images import (ExportPreprocess, labelled_images, list_images, number_of_batches,
                                        spread_subset)
-from ppdlx.quantization.onednn import ACTIVATION_HEADROOM, ONEDNN_INT8_OPS, default_headroom  # noqa: F401
 
 log = logging.getLogger("ppdlx")
 
@@ -84,9 +89,6 @@ def _calibrate(files: ModelFiles, preprocess: ExportPreprocess, paths, output_di
                batch_size: int, headroom: float) -> dict:
     """Run PostTrainingQuantization on the legacy program, widen the activation ranges by
     ``headroom`` and save the program in ``output_dir``."""
-    import paddle
-    from paddle.static.quantization import PostTrainingQuantization
-
     with paddle.pir_utils.OldIrGuard():  # static mode + legacy IR, both restored on exit
         scope = paddle.static.Scope()
         with paddle.static.scope_guard(scope):
@@ -109,7 +111,6 @@ def _calibrate(files: ModelFiles, preprocess: ExportPreprocess, paths, output_di
 def read_saved_program(model_file: str) -> dict:
     """``{"ops": {type: count}, "fetch_names": [...]}`` of a saved legacy program (counted from the
     file: saving prunes the ops the fetches do not need)."""
-    from paddle.base.proto import framework_pb2
     program = framework_pb2.ProgramDesc()
     with open(model_file, "rb") as f:
         program.ParseFromString(f.read())
@@ -122,8 +123,6 @@ def read_saved_program(model_file: str) -> dict:
 def _widen_activation_ranges(program, scope, factor: float) -> int:
     """Multiply every activation quantize/dequantize range by ``factor`` (weights untouched);
     returns how many range tensors changed."""
-    import numpy as np
-    import paddle
     block, done = program.global_block(), set()
     for op in block.ops:
         if op.type not in QUANT_OPS or block.var(op.input("X")[0]).persistable:

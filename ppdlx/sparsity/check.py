@@ -2,7 +2,7 @@
 
 What is checked, by source:
 
-* checkpoint (``output/x/latest``, either layout of ``ppdlx.engine.checkpoint_files``; verified, so a
+* checkpoint (``output/x/latest``, either layout of ``ppdlx.checkpoint.files``; verified, so a
   damaged file is one line naming it) written by a run with ``ASPHook``: exactly the weights its saved
   masks cover (``.pdstates`` ``hook:asp``), with the saved ``n:m``; the EMA shadow in ``.pdstates`` is
   checked too (one summary row);
@@ -36,8 +36,8 @@ from typing import List, Optional
 import numpy as np
 import paddle
 
-from ppdlx.engine.checkpoint_files import locate, read_checkpoint
-from ppdlx.engine.checkpoint_unit import CheckpointError, is_unit
+from ppdlx.checkpoint.files import locate, read_checkpoint
+from ppdlx.checkpoint.unit import CheckpointError, is_unit
 from ppdlx.errors import DataError, UnsupportedError
 from ppdlx.sparsity.export_files import REEXPORT_ONNX, check_inference_files, read_onnx
 from ppdlx.sparsity.masks import density, nm_violations, unpack_mask
@@ -320,8 +320,8 @@ def _inference_targets(prefix: str, rules: SparsityRules):
 def _onnx_targets(path: str, rules: SparsityRules):
     """Weights of an ONNX file (initializers or Constant nodes) feeding ``Conv`` (with its ``group``)
     and ``MatMul``/``Gemm``, judged by shape like an exported program's; the last matmul is the classifier."""
-    import onnx
-    from onnx import numpy_helper
+    import onnx  # optional (ppdlx[onnx]): only an ONNX file needs it
+    from onnx import numpy_helper  # optional, as above
     graph = read_onnx(path).graph
     arrays = {t.name: t for t in graph.initializer}
     arrays.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute

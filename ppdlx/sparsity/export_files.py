@@ -2,45 +2,40 @@
 weights are damaged (``Cannot read tensor desc size``) and onnx's parser raises a bare protobuf DecodeError, so a
 damaged export would be a traceback or a line that does not say which file to write again. The checks are the
 deploy package's own (``ppdlx_deploy.integrity``: the sizes and hashes inference.yml recorded, else the file
-structure), loaded as ppdlx loads that package everywhere (:func:`ppdlx.benchmarks.infer.load_deploy_module`)."""
+structure)."""
 from __future__ import annotations
 
 import os
+
+from ppdlx_deploy import META_FILE, DeployError, load_meta
+from ppdlx_deploy.integrity import check_export_files, check_onnx_file
 
 from ppdlx.errors import DataError
 
 REEXPORT_ONNX = "re-export the model with tools/export_model.py --onnx"
 
 
-def _deploy():
-    from ppdlx.benchmarks.infer import load_deploy_module
-    return load_deploy_module()
-
-
 def check_inference_files(prefix: str, program_ext: str) -> None:
     """``prefix`` + ``program_ext`` (".json" | ".pdmodel") and ``prefix.pdiparams`` as deploy checks them;
     ``DataError`` naming the damaged file. inference.yml's record is used when it describes this prefix."""
-    D = _deploy()
     model_dir = os.path.dirname(prefix) or "."
     try:
         meta = None
-        if os.path.isfile(os.path.join(model_dir, D.META_FILE)):
-            meta = D.load_meta(model_dir)
+        if os.path.isfile(os.path.join(model_dir, META_FILE)):
+            meta = load_meta(model_dir)
             if os.path.splitext(meta["model"]["params_file"])[0] != os.path.basename(prefix):
                 meta = None  # it describes another export in the same folder
-        D.integrity.check_export_files({"model_file": prefix + program_ext, "params_file": prefix + ".pdiparams"},
-                                       meta)
-    except D.DeployError as err:
+        check_export_files({"model_file": prefix + program_ext, "params_file": prefix + ".pdiparams"}, meta)
+    except DeployError as err:
         raise DataError(f"--check {prefix}: {err}") from None
 
 
 def read_onnx(path: str):
     """The ``onnx.ModelProto`` of ``path``; an empty or unparsable file is a ``DataError`` naming it."""
-    import onnx
-    D = _deploy()
+    import onnx  # optional (ppdlx[onnx]): only an ONNX export needs it
     try:
-        D.integrity.check_onnx_file(path)
-    except D.DeployError as err:
+        check_onnx_file(path)
+    except DeployError as err:
         raise DataError(f"--check {err}") from None
     try:
         return onnx.load(path)

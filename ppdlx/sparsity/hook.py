@@ -3,7 +3,7 @@
 Dense gradients, masked weights: after every applied optimizer step the hook multiplies each
 pruned weight in place by its precomputed mask tensor (same dtype and place as the weight, no
 numpy round trip). It reaches the weights through the step's
-:class:`~ppdlx.engine.step.WeightAccess` (``trainer.step.weights()``), the same way in every graph
+:class:`~ppdlx.optim.weight_copies.WeightAccess` (``trainer.step.weights()``), the same way in every graph
 mode, and masks every stored copy of a pruned weight:
 
 * the parameter, and the fp32 master weight an AMP O2 / ``multi_precision`` optimizer keeps
@@ -31,9 +31,8 @@ from typing import Dict, Mapping, Optional
 import numpy as np
 import paddle
 
-from ppdlx.engine.dynamic_step import LayerWeights
-from ppdlx.engine.hooks import Hook
 from ppdlx.errors import ConfigError
+from ppdlx.optim.weight_copies import LayerWeights
 from ppdlx.sparsity.masks import KINDS, compute_mask, density, nm_violations, pack_mask, unpack_mask
 from ppdlx.sparsity.rules import SparsityRules, scan_model
 from ppdlx.sparsity.static import device_mask
@@ -47,14 +46,15 @@ def _as_float32_numpy(t) -> np.ndarray:
     return t.numpy()
 
 
-class ASPHook(Hook):
-    """Trainer hook for n:m structured sparsity (``name = "asp"``).
+class ASPHook:
+    """Trainer hook (``ppdlx.engine.hooks``) for n:m structured sparsity (``name = "asp"``).
 
     ``ASPHook(n=2, m=4, mask_algo="mask_1d", exclude=(), prune_classifier=False,
     layer_types=("conv2d", "linear"))`` or ``ASPHook.from_config(cfg.asp)``.
     """
 
     name = "asp"
+    trainer = None  # set when a Trainer registers the hook
 
     def __init__(self, n: int = 2, m: int = 4, mask_algo: str = "mask_1d", exclude=(),
                  prune_classifier: bool = False, layer_types=KINDS, ema_every_step: bool = False):
@@ -95,7 +95,7 @@ class ASPHook(Hook):
         self.attach_to(LayerWeights(model, optimizer, ema))
 
     def attach_to(self, access) -> None:
-        """:meth:`attach` through a :class:`~ppdlx.engine.step.WeightAccess` (``trainer.step.weights()``)."""
+        """:meth:`attach` through a :class:`~ppdlx.optim.weight_copies.WeightAccess` (``trainer.step.weights()``)."""
         self._access, self.model = access, access.model
         self.entries = scan_model(self.model, self.rules)
         pruned = {e.param: e for e in self.entries if e.prune}

@@ -13,8 +13,6 @@ import numpy as np
 import paddle
 from paddle.base import core
 
-from ppdlx.engine.static.state import shared_tensor
-
 
 def masks_by_param_name(model, masks: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
     """Re-key structured-name masks (``"stages.0.0.conv1.conv.weight"``) by the
@@ -51,8 +49,8 @@ def apply_masks(tensors: Mapping[str, Any], masks: Mapping[str, Any], strict: bo
         if isinstance(t, np.ndarray):
             np.multiply(t, np.asarray(mask, dtype=t.dtype), out=t)
         elif isinstance(t, (paddle.Tensor, core.DenseTensor)):
-            if isinstance(t, core.DenseTensor):
-                t = shared_tensor(t)
+            if isinstance(t, core.DenseTensor):  # a paddle Tensor over its memory, on its own place (no copy)
+                t = paddle.Tensor(t, place=t._place())
             with paddle.no_grad():
                 t.multiply_(device_mask(mask, t))
         else:

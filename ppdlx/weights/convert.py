@@ -1,6 +1,7 @@
-"""Convert a published checkpoint into ppdlx weights: ``<prefix>.pdparams`` + ``<prefix>.pdstates``.
+"""Convert a published checkpoint onto ppdlx's parameter names, in memory: ``convert_state`` (and
+``import_state``, which recognises the layout first); ``ppdlx.checkpoint.convert_weights`` writes the result.
 
-``convert_weights(source, path, model, output_prefix)``:
+``convert_state(source, path, model)``:
 
 1. reads the file without running its code (``readers.read_checkpoint``);
 2. finds the state_dict inside wrappers (``state_dict_ema``/``model_ema`` first, then
@@ -13,8 +14,8 @@
 4. classifier tensors (the ones whose shape follows ``num_classes``, found by building the model
    at two class counts) are kept when ``num_classes`` equals the file's, otherwise left out of the
    output so the model initialises them for the new class count (one note line says so);
-5. writes float32 ``.pdparams`` (what ``model.weights`` loads) and a ``.pdstates`` holding only
-   ``{"weights_import": {source, mapping_version, file, sha256, ...}}``.
+5. returns float32 arrays and the metadata (``{source, mapping_version, file, sha256, ...}``) that
+   ``ppdlx.checkpoint.convert_weights`` writes as ``.pdparams`` and ``.pdstates`` (``weights_import``).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from typing import Callable, Optional, Union
 import numpy as np
 import paddle.nn as nn
 
+import ppdlx.models  # noqa: F401  (registers the families)
+from ppdlx.registry import MODELS
 from ppdlx.weights.errors import WeightsError
 from ppdlx.weights.readers import read_checkpoint
 from ppdlx.weights.sources import SOURCES, Drop, MappingContext, detect_source
@@ -79,8 +82,6 @@ def model_factory(model: Union[str, Callable], model_args: Optional[dict] = None
     """``model``: a registered name, or a callable ``num_classes -> Layer``."""
     if callable(model):
         return model
-    import ppdlx.models  # noqa: F401  (registers the families)
-    from ppdlx.registry import MODELS
     builder = MODELS.get(model)
     return lambda num_classes: builder(num_classes=num_classes, **(model_args or {}))
 
@@ -207,25 +208,6 @@ def convert_state(source_name: str, path: str, model: Union[str, Callable], num_
         "converted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return out, metadata
-
-
-def convert_weights(source: str, path: str, model: Union[str, Callable], output_prefix: str,
-                    num_classes: Optional[int] = None, state_key: Optional[str] = None, prefer_ema: bool = True,
-                    model_args: Optional[dict] = None) -> dict:
-    """Convert and write ``<output_prefix>.pdparams`` / ``.pdstates``; returns the metadata."""
-    import paddle
-
-    from ppdlx.engine.checkpoint_files import atomic_save, load_prefix_weights, strip_suffix
-    state, metadata = convert_state(source, path, model, num_classes, state_key, prefer_ema, model_args)
-    prefix = strip_suffix(output_prefix)
-    metadata["output"] = prefix
-    atomic_save({k: paddle.to_tensor(v) for k, v in state.items()}, prefix + ".pdparams")
-    atomic_save({"weights_import": metadata}, prefix + ".pdstates", plain_pickle=True)
-    # the same loader as model.weights, into the model at the final class count
-    missing = load_prefix_weights(model_factory(model, model_args)(metadata["num_classes"]), prefix)
-    if sorted(missing) != sorted(metadata["reinitialised"]):
-        raise WeightsError(f"{prefix}.pdparams: written, but loading it leaves {missing[:3]} unset")
-    return metadata
 
 
 def summary_line(metadata: dict) -> str:

@@ -20,7 +20,7 @@ CONFIG = os.path.join(ROOT, "configs", "demo", "efficientdet_demo.yaml")
 
 
 def cfg_for(root, *extra):
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # the nulls: the model's default_cfg
+    from ppdlx.tasks.preprocess import resolve_preprocessing  # the nulls: the model's default_cfg
     return resolve_preprocessing(load_config(CONFIG, [f"data.root={root}", "data.workers=0", "data.batch_size=4",
                                                       *extra]))
 

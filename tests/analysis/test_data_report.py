@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from ppdlx.analysis import check_before_training, check_data
-from ppdlx.errors import DataError
 from ppdlx.config import load_config
+from ppdlx.errors import DataError
 from tests.conftest import make_digits_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,7 +29,7 @@ def overrides(root, *extra):
 
 
 def cfg_for(root, *extra):
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # the nulls: the model's default_cfg
+    from ppdlx.tasks.preprocess import resolve_preprocessing  # the nulls: the model's default_cfg
     return resolve_preprocessing(load_config(CONFIG, overrides(root, *extra)))
 
 

@@ -66,9 +66,9 @@ def test_a_class_without_images_stops_training_in_one_line(tiny_tree, tmp_path):
 def _predictions(cfg):
     """Every val image's logits and label, computed here, independently of the evaluator."""
     from ppdlx.data.loader import build_classification_loader
-    from ppdlx.engine.builders import build_model
-    from ppdlx.engine.checkpoint import load_weights
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    from ppdlx.models.from_config import build_model
+    from ppdlx.checkpoint import load_weights
+    from ppdlx.tasks.preprocess import resolve_preprocessing
     cfg = resolve_preprocessing(cfg)  # as evaluate() reads it
     model = build_model(cfg)
     load_weights(model, cfg.model.weights)
@@ -149,7 +149,7 @@ def save_far_box_detector(tmp):
     every anchor scores 'circle' at sigmoid(3) with a box exp(25) times its anchor (~1e12 px across); weights
     in a checkpoint file. Returns ``{"root", "base" (overrides), "weights"}``."""
     from ppdlx.data.synthetic_coco import make_synthetic_coco
-    from ppdlx.engine.tasks import task_of
+    from ppdlx.tasks import task_of
     root = str(tmp / "shapes")
     make_synthetic_coco(root, num_train=8, num_val=4, seed=1, size_range=(56, 80), max_objects=2)
     base = [f"data.root={root}", "data.workers=0", "data.batch_size=4", "eval.batch_size=4",

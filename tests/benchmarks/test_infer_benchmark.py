@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from ppdlx.benchmarks.infer import load_deploy_module
+from benchmarks.infer import load_deploy_module
 from ppdlx.cpu_features import cpu_features, has_bf16
 
 D = load_deploy_module()
@@ -54,7 +54,7 @@ def test_ratio_statistics_from_known_per_round_times():
 def test_the_default_deployment_is_compared_with_the_fastest_runtime_by_its_median():
     """auto over the runtime with the lowest median, round by round; not over each round's least time,
     which two equally fast runtimes with noise would push below either of them."""
-    from ppdlx.benchmarks.infer_runtimes import vs_fastest
+    from benchmarks.infer_runtimes import vs_fastest
     replies = {"paddle-cpu fp32": [_reply([30], [0.0]), _reply([30], [0.0]), _reply([30], [0.0])],
                "onnxruntime fp32": [_reply([10], [0.0]), _reply([12], [0.0]), _reply([10], [0.0])],
                "openvino fp32": [_reply([12], [0.0]), _reply([10], [0.0]), _reply([11], [0.0])],
@@ -215,13 +215,13 @@ def test_profile_splits_each_batch_into_convolutions_other_kernels_and_the_rest(
 
 
 def test_a_ratio_next_to_1_shows_which_side_it_is_on():
-    from ppdlx.benchmarks.infer import ratio_text
+    from benchmarks.infer import ratio_text
     assert [ratio_text(x) for x in (1.0004, 0.9996, 1.0, 1.0123, 0.8861)] == ["1.0004", "0.9996", "1.000", "1.012",
                                                                               "0.886"]
 
 
 def test_matmul_timing_of_an_unknown_library_is_refused_before_any_process():
-    from ppdlx.benchmarks.matmul_peak import time_matmul
+    from benchmarks.matmul_peak import time_matmul
     with pytest.raises(ValueError, match="library 'blis': choose from numpy, torch"):
         time_matmul("blis", 1)
 
@@ -229,7 +229,7 @@ def test_matmul_timing_of_an_unknown_library_is_refused_before_any_process():
 def test_convolution_ratio_bounds_take_out_each_profilers_cost():
     """The AMD EPYC run of docs/cpu_speed.md at bs 1: onnxruntime's profiled convolutions (59.46 ms)
     exceed its whole unprofiled batch (50.35 ms), so the profiled ratio 0.864 is no measure."""
-    from ppdlx.benchmarks.infer import convolution_ratio_bounds
+    from benchmarks.infer import convolution_ratio_bounds
     paddle = {"wall_ms": 59.18, "convolution_ms": 51.36}
     ort = {"wall_ms": 60.96, "convolution_ms": 59.46}
     lo, hi = convolution_ratio_bounds(paddle, 55.68, ort, 50.35)

@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from ppdlx.benchmarks.train import measure, ratio_to_best, settle_seconds
+from benchmarks.train import measure, ratio_to_best, settle_seconds
 from ppdlx.config import load_config
 
 
@@ -72,7 +72,7 @@ def test_ratio_to_best_takes_the_fastest_reference_of_each_round():
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is a benchmark-only extra")
 def test_torch_worker_trains_in_its_own_process():
-    from ppdlx.benchmarks.torch_compare import TorchWorker
+    from benchmarks.torch_compare import TorchWorker
     worker = TorchWorker(batch=2, size=32, num_classes=10, threads=1)
     try:
         seconds = [worker.run("torch eager float32", 1) for _ in range(2)]

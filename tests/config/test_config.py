@@ -135,8 +135,8 @@ def test_shipped_config_loads_builds_and_round_trips(name, tmp_path):
     import ppdlx.data.coco  # noqa: F401  (registers "coco")
     import ppdlx.data.image_folder  # noqa: F401  (registers "image_folder")
     import ppdlx.models  # noqa: F401  (registers every model family)
-    from ppdlx.engine.builders import check_builder_args
-    from ppdlx.engine.tasks import task_of
+    from ppdlx.models.from_config import check_builder_args
+    from ppdlx.tasks import task_of
     from ppdlx.models import gpunet
     from ppdlx.registry import DATASETS, MODELS
 
@@ -304,7 +304,7 @@ def test_mean_and_std_of_a_wrong_length_or_not_positive_are_refused_at_load(over
 
 
 def test_mean_and_std_of_one_or_three_numbers_or_null_load_and_null_resolves_from_the_model(tmp_path):
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    from ppdlx.tasks.preprocess import resolve_preprocessing
     one = load_config(None, ["data.transforms.mean=[127]", "data.transforms.std=[128]"]).data.transforms
     assert (one.mean, one.std) == ((127.0,), (128.0,))
     resolved = resolve_preprocessing(load_config(None, ["model.name=resnet50"])).data.transforms

@@ -17,7 +17,7 @@ def _image(seed=0, size=48):
 
 
 def _transforms(*extra):
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    from ppdlx.tasks.preprocess import resolve_preprocessing
     return resolve_preprocessing(load_config(None, ["data.transforms.crop_size=32",
                                                     "data.transforms.interpolation=bicubic", *extra])).data.transforms
 

@@ -393,7 +393,7 @@ def test_training_says_when_max_instances_caps_an_images_boxes(tmp_path, ppdlx_c
         pytest.importorskip("nvidia.dali")
     from ppdlx.config import load_config
     from ppdlx.data.coco import build_coco_loader
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    from ppdlx.tasks.preprocess import resolve_preprocessing
     anns = [ann(i + 1, 1, [i % 10 * 6, i // 10 * 6, 5, 5]) for i in range(60)]
     anns += [ann(200 + i, 2, [i, 1, 5, 5], crowd=int(i >= 40)) for i in range(45)]  # 40 once crowd is left out
     root = str(tmp_path)

@@ -52,7 +52,7 @@ def tree(tmp_path_factory):
 
 
 def _cfg(root, *extra):
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # the nulls: the model's default_cfg
+    from ppdlx.tasks.preprocess import resolve_preprocessing  # the nulls: the model's default_cfg
     return resolve_preprocessing(load_config(None, [f"data.root={root}", "data.backend=dali", "data.dali.device=cpu", "data.batch_size=4",
                               "data.dali.num_threads=2", "data.transforms.crop_size=32",
                               "data.transforms.resize_short=36", "data.transforms.mean=[127.5,127.5,127.5]",

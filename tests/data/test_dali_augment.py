@@ -199,7 +199,7 @@ def test_the_gpunet_recipe_runs_on_the_dali_loader_and_resumes_its_draws(tree): 
     t = recipe.data.transforms
     assert recipe.data.backend == "dali" and (t.randaugment, t.random_erasing, t.random_erasing_mode) == \
         ("rand-m9-mstd0.5", 0.2, "pixel")
-    cfg = _cfg(root, f"data.transforms.randaugment={t.randaugment}", f"data.transforms.random_erasing=0.5",
+    cfg = _cfg(root, f"data.transforms.randaugment={t.randaugment}", "data.transforms.random_erasing=0.5",
                f"data.transforms.random_erasing_mode={t.random_erasing_mode}", "data.transforms.hflip=0.5")
     first = build_classification_loader(cfg, "train")
     first.set_epoch(0)

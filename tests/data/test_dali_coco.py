@@ -12,7 +12,7 @@ import paddle  # noqa: E402
 from ppdlx.config import load_config  # noqa: E402
 from ppdlx.data.coco import build_coco_loader  # noqa: E402
 from ppdlx.data.synthetic_coco import make_synthetic_coco  # noqa: E402
-from ppdlx.engine.tasks.detection import detection_targets  # noqa: E402
+from ppdlx.tasks.detection import detection_targets  # noqa: E402
 from ppdlx.models.detection.target_assigner import assign_targets  # noqa: E402
 from ppdlx.errors import DataError, UnsupportedError  # noqa: E402
 
@@ -25,7 +25,7 @@ def shapes(tmp_path_factory):
 
 
 def _cfg(root, *extra):
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # the nulls: the model's default_cfg
+    from ppdlx.tasks.preprocess import resolve_preprocessing  # the nulls: the model's default_cfg
     return resolve_preprocessing(load_config(None, ["data.dataset=coco", f"data.root={root}", "data.coco.train_json=annotations/instances_train.json",
                               "data.coco.val_json=annotations/instances_val.json", "data.coco.train_images=train",
                               "data.coco.val_images=val", "data.coco.image_size=96", "data.batch_size=4",

@@ -9,7 +9,7 @@ from ppdlx.config import load_config  # noqa: E402
 from ppdlx.data import dali as classification  # noqa: E402
 from ppdlx.data import dali_coco  # noqa: E402
 from ppdlx.data.dali_feed import EpochFeed  # noqa: E402
-from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # noqa: E402
+from ppdlx.tasks.preprocess import resolve_preprocessing  # noqa: E402
 
 
 def _serialised(graph) -> bytes:

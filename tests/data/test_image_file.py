@@ -10,11 +10,11 @@ from PIL import Image
 
 from ppdlx.data.image_file import MAX_IMAGE_PIXELS, ImageTooLarge, open_image, open_rgb, why_unreadable
 from ppdlx.data.loader import build_classification_loader
-from ppdlx.reliability.faults import decompression_bomb_png
+from tools.reliability.faults import decompression_bomb_png
 from tests.data.test_image_folder import cfg_for
 
-TOO_LARGE = (f"it declares 2,500,000,000 pixels, more than the 178,956,970 ppdlx opens (a decompression bomb, or a "
-             f"scan far larger than any input size): shrink it or leave it out")
+TOO_LARGE = ("it declares 2,500,000,000 pixels, more than the 178,956,970 ppdlx opens (a decompression bomb, or a "
+             "scan far larger than any input size): shrink it or leave it out")
 
 
 def test_a_png_declaring_50000x50000_is_refused_at_its_header(tmp_path):

@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def cfg_for(root, *extra):
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # the nulls: the model's default_cfg
+    from ppdlx.tasks.preprocess import resolve_preprocessing  # the nulls: the model's default_cfg
     return resolve_preprocessing(load_config(None, [
         f"data.root={root}", "data.batch_size=8", "data.workers=0", "model.num_classes=4",
         "data.transforms.crop_size=32", "data.transforms.resize_short=32", "data.transforms.hflip=0.0", *extra]))

@@ -92,7 +92,7 @@ def test_c_program_refuses_trt_on_a_pir_export(select_program, exported):
 
 
 def test_c_program_routes_a_legacy_export_like_the_python_plan(select_program, exported):
-    from ppdlx.benchmarks.infer import load_deploy_module
+    from benchmarks.infer import load_deploy_module
     D = load_deploy_module()
     proc = select_program(exported["program"], "trt", "fp16")
     engine, prog, params, quantized = proc.stdout.split()
@@ -160,7 +160,7 @@ def test_c_program_refuses_trt_on_an_nhwc_program_the_nhwc_pass_stops_on(select_
     """Before: infer.c built the TRT predictor on an NHWC program with a depthwise convolution, which
     trt_support_nhwc_pass stops on ("op not supported"); now it refuses it before, like the Python plan."""
     import paddle
-    from ppdlx.benchmarks.infer import load_deploy_module
+    from benchmarks.infer import load_deploy_module
     from ppdlx.export.paddle_export import save_classifier
     D = load_deploy_module()
 

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from ppdlx.benchmarks.infer import load_deploy_module
+from benchmarks.infer import load_deploy_module
 
 D = load_deploy_module()
 INTEL_BF16 = {"vendor": "GenuineIntel", "model_name": "Intel Xeon (sample)",

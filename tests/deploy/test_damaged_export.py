@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from ppdlx.benchmarks.infer import load_deploy_module
+from benchmarks.infer import load_deploy_module
 from ppdlx.config import load_config
 from ppdlx.export import export_model
 from tests.conftest import make_digits_tree

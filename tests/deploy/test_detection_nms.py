@@ -8,7 +8,7 @@ import numpy as np
 import paddle
 import pytest
 
-from ppdlx.benchmarks.infer import load_deploy_module
+from benchmarks.infer import load_deploy_module
 from ppdlx.models.detection.nms import multiclass_hard_nms
 
 load_deploy_module()
@@ -100,7 +100,7 @@ def test_detections_are_clipped_to_each_image_as_the_evaluator_clips_its_coco_re
     """The graph clips to the square network input; the deploy pipeline clips each image's boxes to that
     image (``clip_to_images``), as ``detections_to_coco`` does for the evaluator: a 67 x 69 image's box
     reaching x = 69 ends at 67. Classification outputs pass unchanged."""
-    from ppdlx.engine.coco_eval import detections_to_coco
+    from ppdlx.evaluation.coco import detections_to_coco
     meta = {"model": {"family": "detection"},
             "outputs": [{"name": "b", "role": "boxes"}, {"name": "s", "role": "scores"},
                         {"name": "c", "role": "classes"}, {"name": "n", "role": "count"}]}
@@ -124,7 +124,7 @@ def test_a_box_wholly_in_the_padding_is_dropped_by_the_pipeline_and_the_evaluato
     ``clip_to_images`` drops it, moves the image's later detections up in score order and shrinks its
     count; ``detections_to_coco`` (the evaluator) drops the same box, and ``postprocess`` (what the CLI
     prints) reports the same detections."""
-    from ppdlx.engine.coco_eval import detections_to_coco
+    from ppdlx.evaluation.coco import detections_to_coco
     meta = {"model": {"family": "detection"}, "labels": ["cat", "dog"], "postprocess": {},
             "outputs": [{"name": "b", "role": "boxes"}, {"name": "s", "role": "scores"},
                         {"name": "c", "role": "classes"}, {"name": "n", "role": "count"}]}

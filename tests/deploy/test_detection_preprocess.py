@@ -5,7 +5,7 @@ colour, as ``CocoDetection`` pads), the same ``image_scale``; ``color: BGR`` rev
 import numpy as np
 import pytest
 
-from ppdlx.benchmarks.infer import load_deploy_module
+from benchmarks.infer import load_deploy_module
 from ppdlx.config import load_config
 from ppdlx.data.coco import build_coco_dataset
 from ppdlx.data.synthetic_coco import make_synthetic_coco
@@ -18,7 +18,7 @@ D = load_deploy_module()
 def dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("shapes")
     make_synthetic_coco(str(root), num_train=2, num_val=24, size_range=(61, 97))
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # the nulls: the model's default_cfg
+    from ppdlx.tasks.preprocess import resolve_preprocessing  # the nulls: the model's default_cfg
     cfg = resolve_preprocessing(load_config(None, [
         "data.dataset=coco", f"data.root={root}", "data.coco.image_size=64",
         "data.coco.train_json=annotations/instances_train.json", "data.coco.val_json=annotations/instances_val.json",

@@ -14,7 +14,7 @@ import paddle.nn as nn
 import pytest
 from PIL import Image
 
-from ppdlx.benchmarks.infer import load_deploy_module
+from benchmarks.infer import load_deploy_module
 from ppdlx.config import load_config
 from ppdlx.config.schema import TransformsConfig
 from ppdlx.data.transforms import EvalTransform

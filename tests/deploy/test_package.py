@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from ppdlx.benchmarks.infer import DEPLOY_DIR_ENV, find_deploy_dir, load_deploy_module
+from benchmarks.infer import DEPLOY_DIR_ENV, find_deploy_dir, load_deploy_module
 from ppdlx.config import load_config
 from ppdlx.errors import ConfigError
 from ppdlx.export import export_model
@@ -161,7 +161,8 @@ def test_deploy_package_is_found_from_option_environment_or_checkout(tmp_path, m
 
 def test_missing_deploy_package_is_one_line(tmp_path):
     code = ("import sys\n"
-            "import ppdlx.benchmarks.deploy_package as b\n"
+            f"sys.path.append({ROOT!r})  # the checkout's benchmarks package, as the tools find it\n"
+            "import benchmarks.deploy_package as b\n"
             "b.CHECKOUT_DEPLOY_DIR = '/nonexistent/deploy/python'  # as in an installed wheel\n"
             # an editable install (PEP 660) maps ppdlx_deploy too: a None entry makes it absent, as in a wheel
             # built without it

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from ppdlx.benchmarks.infer import load_deploy_module
+from benchmarks.infer import load_deploy_module
 
 D = load_deploy_module()
 STACKS = importlib.import_module(D.__name__ + ".signal_stack")

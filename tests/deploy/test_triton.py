@@ -18,10 +18,10 @@ import paddle
 import pytest
 from PIL import Image
 
-from ppdlx.benchmarks.infer import load_deploy_module
+from benchmarks.infer import load_deploy_module
 from ppdlx.config import load_config
 from ppdlx.data.synthetic_coco import make_synthetic_coco
-from ppdlx.engine.tasks import task_of
+from ppdlx.tasks import task_of
 from ppdlx.export import export_model
 from tests.conftest import make_digits_tree
 from tests.deploy.test_infer import real_photos

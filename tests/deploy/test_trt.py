@@ -13,7 +13,7 @@ import paddle.nn as nn
 import pytest
 import yaml
 
-from ppdlx.benchmarks.infer import load_deploy_module
+from benchmarks.infer import load_deploy_module
 from ppdlx.config import load_config
 from ppdlx.export import export_model
 

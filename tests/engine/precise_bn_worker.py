@@ -13,9 +13,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import paddle  # noqa: E402
 
+from ppdlx import dist  # noqa: E402
 from ppdlx.data.samplers import EvalBatchSampler  # noqa: E402
-from ppdlx.engine import dist  # noqa: E402
-from ppdlx.engine.coco_eval import recompute_bn_stats  # noqa: E402
+from ppdlx.evaluation.precise_bn import recompute_bn_stats  # noqa: E402
 
 SAMPLES = np.stack([np.random.default_rng(i).normal(i, 1 + i, (3, 4, 4)).astype(np.float32) for i in range(5)])
 

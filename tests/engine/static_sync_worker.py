@@ -11,7 +11,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from ppdlx.config import load_config  # noqa: E402
-from ppdlx.engine.dist import RanksDivergedError, rank  # noqa: E402
+from ppdlx.dist import RanksDivergedError, rank  # noqa: E402
 from ppdlx.engine.run import build_training  # noqa: E402
 
 

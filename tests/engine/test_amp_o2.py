@@ -11,12 +11,12 @@ import paddle
 import pytest
 from paddle.amp.auto_cast import amp_initialize
 
+from ppdlx import checkpoint as ckpt
 from ppdlx.config import load_config
-from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine.amp import keep_exact_masters
-from ppdlx.engine.builders import build_model
 from ppdlx.engine.hooks import Checkpoint, Evaluation
 from ppdlx.engine.run import build_training
+from ppdlx.models.from_config import build_model
 
 CONFIG = "configs/demo/rn50_demo.yaml"
 

@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
+from ppdlx.checkpoint import load_states
 from ppdlx.cpu_features import cpu_features, has_bf16
-from ppdlx.engine.checkpoint import load_states
 from tests.conftest import make_digits_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -175,7 +175,7 @@ def test_a_cpu_run_takes_gloo_whatever_paddle_would_choose():
     """Paddle's default backend 'auto' means NCCL on every CUDA build, also for a global.device=cpu run,
     whose CPU tensors NCCL cannot carry: paddle.distributed.launch sets gloo only where it finds no GPU,
     so the README's CPU demo launch failed at its first collective inside the GPU image."""
-    from ppdlx.engine.dist import collective_backend
+    from ppdlx.dist import collective_backend
     from ppdlx.errors import ConfigError
     assert collective_backend("cpu", {}) == "gloo"
     assert collective_backend("cpu", {"PADDLE_DISTRI_BACKEND": "auto"}) == "gloo"

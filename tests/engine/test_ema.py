@@ -53,8 +53,8 @@ def _numpy(state: dict) -> dict:
 def test_model_weights_of_best_load_the_ema_copy_that_was_evaluated(tiny_tree, tmp_path):
     """With ema.eval_with_ema the run picks ``best`` on the EMA's metrics; ``model.weights`` (eval,
     export, prune, distillation) must load that copy, not the raw weights beside it."""
-    from ppdlx.engine import checkpoint as ckpt
-    from ppdlx.engine.builders import build_model
+    from ppdlx import checkpoint as ckpt
+    from ppdlx.models.from_config import build_model
     from ppdlx.engine.hooks import Checkpoint, Evaluation
     from ppdlx.engine.run import build_training
     with paddle.utils.unique_name.guard():
@@ -85,9 +85,9 @@ def test_model_weights_of_best_load_the_ema_copy_that_was_evaluated(tiny_tree, t
 
 
 def test_model_weights_copy_ema_of_a_checkpoint_without_one_is_one_line(tiny_tree, tmp_path):
-    from ppdlx.engine import checkpoint as ckpt
-    from ppdlx.engine.builders import build_model
-    from ppdlx.engine.checkpoint_unit import CheckpointError
+    from ppdlx import checkpoint as ckpt
+    from ppdlx.models.from_config import build_model
+    from ppdlx.checkpoint.unit import CheckpointError
     from ppdlx.engine.hooks import Checkpoint
     from ppdlx.engine.run import build_training
     with paddle.utils.unique_name.guard():

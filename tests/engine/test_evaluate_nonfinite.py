@@ -8,7 +8,7 @@ import paddle
 import pytest
 
 from ppdlx.config import load_config
-from ppdlx.engine.builders import build_model
+from ppdlx.models.from_config import build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EVAL = os.path.join(ROOT, "tools", "eval.py")

@@ -10,7 +10,7 @@ from ppdlx.config import load_config
 from ppdlx.data.synthetic_coco import make_synthetic_coco
 from ppdlx.engine.hooks import Hook
 from ppdlx.engine.run import build_training
-from ppdlx.engine.tasks.detection import DetectionObjective
+from ppdlx.tasks.detection import DetectionObjective
 
 HOST_READS = ("__bool__", "__float__", "__int__", "__index__", "numpy", "item", "tolist", "__array__")
 CLASSIFICATION = ["rn50_amp", "rn50_tf32", "efficientnet_lite0"] + [

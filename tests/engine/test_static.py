@@ -14,14 +14,14 @@ import numpy as np
 import paddle
 import pytest
 
+from ppdlx import checkpoint as ckpt
 from ppdlx.config import load_config
-from ppdlx.engine import checkpoint as ckpt
-from ppdlx.engine.builders import build_model
 from ppdlx.data.mixing import MixSpec, draw_mix
 from ppdlx.engine.hooks import Evaluation
 from ppdlx.engine.run import build_training, plan_training_amp
 from ppdlx.engine.static.step import ProgramModel
 from ppdlx.errors import UnsupportedError
+from ppdlx.models.from_config import build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO = os.path.join(ROOT, "configs", "demo", "rn50_demo.yaml")

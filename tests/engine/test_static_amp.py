@@ -11,19 +11,19 @@ import numpy as np
 import paddle
 import pytest
 
+from ppdlx import checkpoint as ckpt
 from ppdlx.config import load_config
-from ppdlx.engine import checkpoint as ckpt
 from ppdlx.engine.amp import AmpPlan
-from ppdlx.engine.builders import build_model
 from ppdlx.engine.hooks import Checkpoint, LRScheduler
-from ppdlx.engine.run import build_training, plan_training_amp
+from ppdlx.engine.run import build_training, plan_training_amp, program_spec
 from ppdlx.engine.static.ir_compat import static_graph
 from ppdlx.engine.static.step import ProgramModel, build_static_step
-from ppdlx.engine.tasks import task_of
 from ppdlx.engine.trainer import Trainer
 from ppdlx.errors import UnsupportedError
+from ppdlx.models.from_config import build_model
 from ppdlx.optim import build_lr_schedule
 from ppdlx.registry import MODELS
+from ppdlx.tasks import task_of
 
 CROP = 8
 
@@ -64,7 +64,7 @@ def trainer_with_plan(cfg, plan):
     """What build_training builds for train.graph=static after planning, with a given AMP plan (no
     loaders): the static step, the LR hook and checkpoints."""
     lr_schedule = build_lr_schedule(cfg, cfg.data.batch_size, 4)
-    step = build_static_step(task_of(cfg).program_spec(cfg, cfg.model.num_classes), lr_schedule, plan, 1, "cpu")
+    step = build_static_step(program_spec(cfg, task_of(cfg), cfg.model.num_classes), lr_schedule, plan, 1, "cpu")
     return Trainer(step, [LRScheduler(lr_schedule), Checkpoint(cfg.global_.output_dir)], train_loader=None,
                    epochs=1)
 

@@ -123,7 +123,7 @@ def test_device_verdicts_are_read_only_at_log_steps():
 
 
 def test_checkpoint_state_collects_run_step_and_hook_state_and_resume_restores_it(tmp_path):
-    from ppdlx.engine import checkpoint as ckpt
+    from ppdlx import checkpoint as ckpt
     hook = Stateful()
     trainer = Trainer(ScriptedStep([True]), [hook], train_loader=ListLoader(range(3)), epochs=1)
     trainer.fit()
@@ -166,7 +166,7 @@ class StatefulLoader(ListLoader):
 
 
 def test_loader_state_is_saved_each_epoch_and_given_back_to_the_same_rank(tmp_path, ppdlx_caplog):
-    from ppdlx.engine import checkpoint as ckpt
+    from ppdlx import checkpoint as ckpt
     from ppdlx.engine.hooks import Checkpoint
     ppdlx_caplog.set_level("INFO", logger="ppdlx")
     trainer = Trainer(SavingStep([True]), [Checkpoint(str(tmp_path))], train_loader=StatefulLoader(range(3)),
@@ -214,7 +214,7 @@ KNOWN_TASK_TESTS = set()
 def test_no_task_or_trainer_tests_outside_the_task_plugins():
     """Before: five ways of asking "is this detection?" (in the engine, the data report, the inference
     benchmark, ...) and hooks asking ``hasattr(trainer, "scope")``; ``task_of(cfg)`` answers now."""
-    tasks_dir = os.path.join(ROOT, "ppdlx", "engine", "tasks") + os.sep
+    tasks_dir = os.path.join(ROOT, "ppdlx", "tasks") + os.sep
     found = [f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()}"
              for path in _python_files("ppdlx", "tools") if not path.startswith(tasks_dir)
              for i, line in enumerate(open(path, encoding="utf-8"), 1) if TASK_TESTS.search(line)
@@ -226,7 +226,7 @@ def test_each_rank_resumes_its_own_random_state(tmp_path, ppdlx_caplog):
     """Before: rank 0 saved its process's state (on GPU, one generator per visible GPU) and every rank restored
     it, so after a resume all ranks drew the same numbers, and another GPU count failed in set_rng_state."""
     import numpy as np
-    from ppdlx.engine import checkpoint as ckpt
+    from ppdlx import checkpoint as ckpt
     ppdlx_caplog.set_level("INFO", logger="ppdlx")
     draws = []
     for seed in (10, 11):  # what ranks 0 and 1 hold at the save (seeded seed + rank)

@@ -11,8 +11,8 @@ import paddle
 import pytest
 import yaml
 
+from ppdlx.checkpoint import load_states, read_pdparams
 from ppdlx.config import load_config
-from ppdlx.engine.checkpoint import load_states, read_pdparams
 from ppdlx.engine.run import build_training
 from ppdlx.errors import UnsupportedError
 
@@ -89,7 +89,7 @@ def test_resume_with_dali_trains_on_the_crops_of_the_run_it_resumes(tiny_tree, t
 
 
 def test_bf16_amp_on_cpu_trains_and_says_it_is_float32(tiny_tree, tmp_path, ppdlx_caplog):
-    caplog = ppdlx_caplog  # amp.cpu_bf16=false: where bf16 is not used (tests/engine/test_cpu_bf16.py when it is)
+    caplog = ppdlx_caplog  # amp.cpu_bf16=false: where bf16 is not used (tests/models/test_cpu_bf16.py when it is)
     cfg = load_config(None, tiny_overrides(tiny_tree, tmp_path, "amp.enabled=true", "amp.dtype=bfloat16",
                                            "amp.cpu_bf16=false",
                                            "train.epochs=4", "data.transforms.random=false",

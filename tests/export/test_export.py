@@ -10,13 +10,13 @@ import paddle
 import pytest
 from PIL import Image
 
-from ppdlx.benchmarks.infer import load_deploy_module
+from benchmarks.infer import load_deploy_module
 from ppdlx.config import load_config
-from ppdlx.engine.builders import build_model
 from ppdlx.errors import ConfigError, UnsupportedError
 from ppdlx.export import export_model, find_model_files, read_meta, save_classifier
 from ppdlx.export.onnx_export import ExportCheckError
 from ppdlx.export.paddle_export import ClassifierForExport, PaddleInferenceRunner, random_feeds, run_dynamic
+from ppdlx.models.from_config import build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOL = 1e-4

@@ -10,11 +10,11 @@ import paddle
 import pytest
 
 from ppdlx.config import load_config
-from ppdlx.engine.builders import build_model
 from ppdlx.engine.step import NonFiniteWeightsError
 from ppdlx.errors import ConfigError
 from ppdlx.export import export_model, read_meta
 from ppdlx.export.verify import verify_export
+from ppdlx.models.from_config import build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["model.name=resnet18_bottleneck_tiny", "model.num_classes=3", "data.transforms.crop_size=32",

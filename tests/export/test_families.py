@@ -8,12 +8,12 @@ import paddle
 import pytest
 
 from ppdlx.config import load_config
-from ppdlx.engine.builders import build_model
 from ppdlx.errors import ConfigError
 from ppdlx.export import (classification_export_spec, detection_export_spec, export_model, find_model_files,
                           read_meta)
 from ppdlx.export.families import export_graph
 from ppdlx.export.paddle_export import DetectorForExport, PaddleInferenceRunner, random_feeds, run_dynamic
+from ppdlx.models.from_config import build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXPORT_DIR = os.path.join(ROOT, "ppdlx", "export")
@@ -24,7 +24,7 @@ D0_ANCHORS = {"min_level": 3, "max_level": 7, "num_scales": 3,
 
 
 def _cfg(*overrides):
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing  # the nulls: the model's default_cfg
+    from ppdlx.tasks.preprocess import resolve_preprocessing  # the nulls: the model's default_cfg
     return resolve_preprocessing(load_config(None, [
         "model.num_classes=3", "data.transforms.crop_size=64", "data.transforms.resize_short=72",
         "data.root=/nonexistent", "global.seed=3", *overrides]))

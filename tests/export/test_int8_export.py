@@ -5,7 +5,6 @@ oneDNN int8 read, an ONNX QDQ graph that onnxruntime runs with the same top-1, t
 
 A tiny ResNet trained with QAT for a few epochs on the demo digits (359 val images) stands in for the demo
 ResNet50: the same layers, seconds instead of minutes."""
-import json
 import os
 import subprocess
 import sys

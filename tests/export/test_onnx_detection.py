@@ -25,11 +25,11 @@ import yaml
 
 from ppdlx.cpu_features import cpu_features, has_bf16
 
-from ppdlx.benchmarks.infer import load_deploy_module
+from benchmarks.infer import load_deploy_module
 from ppdlx.config import load_config
 from ppdlx.data.synthetic_coco import make_synthetic_coco
-from ppdlx.engine.tasks import task_of
 from ppdlx.export import export_model
+from ppdlx.tasks import task_of
 
 # the cases a failed --verify names: bf16, run on a CPU with bf16 hardware, is advisory (a warning line)
 # OpenVINO reads the same ONNX file as onnxruntime, where it is installed

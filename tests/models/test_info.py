@@ -5,13 +5,13 @@ import subprocess
 import sys
 
 import paddle
-import pytest
 
 import ppdlx.models  # noqa: F401
 from ppdlx.config import load_config
-from ppdlx.models.info import config_resolution, count_params, model_info
+from ppdlx.models.info import count_params, model_info
 from ppdlx.models.model_cfg import classification_cfg, detection_cfg
 from ppdlx.registry import MODELS
+from ppdlx.tasks.preprocess import config_resolution
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "tools", "model_info.py")

@@ -9,7 +9,8 @@ import pytest
 from ppdlx.config import load_config
 from ppdlx.errors import ConfigError
 from ppdlx.models import MODELS
-from ppdlx.models.model_cfg import IMAGENET_MEAN, IMAGENET_STD, eval_transforms_changes
+from ppdlx.models.model_cfg import IMAGENET_MEAN, IMAGENET_STD
+from ppdlx.tasks.preprocess import eval_transforms_changes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAMES = sorted(set(MODELS.names()) - {"gpunet_json"})
@@ -69,7 +70,7 @@ def test_default_cfg(name):
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_default_cfg_is_what_the_training_recipe_uses(name):
-    from ppdlx.engine.preprocess_cfg import resolve_preprocessing
+    from ppdlx.tasks.preprocess import resolve_preprocessing
     cfg = resolve_preprocessing(load_config(os.path.join(ROOT, RECIPES[name])))  # what training reads
     assert cfg.model.name == name
     default, t = MODELS.build(name).default_cfg, cfg.data.transforms

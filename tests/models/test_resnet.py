@@ -1,8 +1,8 @@
 import numpy as np
 import paddle
 
-from ppdlx.engine.builders import count_trainable_params
 from ppdlx.models import build_model
+from ppdlx.models.info import count_trainable_params
 
 
 def test_resnet50_parameter_count():

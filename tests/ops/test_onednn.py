@@ -12,7 +12,8 @@ import paddle
 import pytest
 
 from ppdlx.cpu_features import cpu_features, onednn_runs_bf16
-from ppdlx.engine.cpu_kernels import use_fast_cpu_kernels
+from ppdlx.layers import layer_config
+from ppdlx.layers.cpu_kernels import kernel_counts
 from ppdlx.models import MODELS
 from ppdlx.models.resnet import Bottleneck
 from ppdlx.layers import ConvNormAct as ConvBNAct
@@ -115,14 +116,16 @@ def test_fast_kernels_keep_a_model_outputs_and_gradients(name, args):
     amplifies rounding: EfficientNet's gradients differ by ~2e-3 between Paddle's two layouts)."""
     paddle.seed(0)
     models = {layout: MODELS.build(name, num_classes=5, data_format=layout.upper()[:4], **args)
-              for layout in ("nchw", "nhwc", "nhwc_fast")}
+              for layout in ("nchw", "nhwc")}
+    with layer_config(cpu_kernels=True):  # the fast kernels are picked when the model is built
+        models["nhwc_fast"] = MODELS.build(name, num_classes=5, data_format="NHWC", **args)
     for layout in ("nhwc", "nhwc_fast"):
         models[layout].set_state_dict(models["nchw"].state_dict())
-    counts = use_fast_cpu_kernels(models["nhwc_fast"])
+    counts = kernel_counts(models["nhwc_fast"])
     convs = [l for l in models["nhwc_fast"].sublayers() if isinstance(l, paddle.nn.Conv2D)]
     assert counts["onednn"] > 0 and counts["paddle"] == 0 and counts["batch_norm"] > 0
     assert counts["onednn"] + counts["matmul"] == len(convs)
-    assert counts["max_pool"] == sum(type(l) is paddle.nn.MaxPool2D for l in models["nhwc_fast"].sublayers())
+    assert counts["max_pool"] == sum(isinstance(l, paddle.nn.MaxPool2D) for l in models["nhwc_fast"].sublayers())
     assert counts["add_relu"] == sum(type(l) is Bottleneck for l in models["nhwc_fast"].sublayers())
     assert counts["add_relu"] > 0 or name.startswith("efficientnet")
     x = paddle.randn([4, 3, 32, 32])
@@ -146,10 +149,11 @@ def test_batch_norms_frozen_after_the_switch_keep_their_statistics():
     """A BN given fixed statistics after the fast kernels were applied (what
     detection.freeze_bn_max_pixels does) normalises with them and never updates them."""
     paddle.seed(0)
-    block = ConvBNAct(3, 4, 3, act=None, data_format="NHWC")
+    with layer_config(cpu_kernels=True):
+        block = ConvBNAct(3, 4, 3, act=None, data_format="NHWC")
     reference = ConvBNAct(3, 4, 3, act=None, data_format="NHWC")
     reference.set_state_dict(block.state_dict())
-    assert use_fast_cpu_kernels(block)["batch_norm"] == 1
+    assert kernel_counts(block)["batch_norm"] == 1
     for layer in (block, reference):
         layer.train()
         layer.bn._use_global_stats = True

@@ -8,7 +8,7 @@ import paddle
 import pytest
 
 from ppdlx.config import ConfigError, load_config
-from ppdlx.engine.builders import build_model
+from ppdlx.models.from_config import build_model
 from ppdlx.optim import build_lr_schedule, build_optimizer
 
 WEIGHT_DECAY = 1.0 / 32768

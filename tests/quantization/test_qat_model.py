@@ -1,4 +1,4 @@
-"""The quantization-aware-training model (ppdlx.quantization.qat): fake quantization where NVIDIA's QAT program
+"""The quantization-aware-training model (ppdlx.models.qat): fake quantization where NVIDIA's QAT program
 has it, float checkpoints load into it, its activation ranges are running statistics, and the float graph of the
 same weights is one context away."""
 import collections
@@ -9,13 +9,13 @@ import paddle
 import pytest
 from paddle.static.quantization.quanter import _quant_config_default, quant_aware
 
-from ppdlx.engine import dist
-from ppdlx.engine.checkpoint_files import check_and_set
+from ppdlx import dist
+from ppdlx.checkpoint.files import check_and_set
 from ppdlx.errors import UnsupportedError
-from ppdlx.models.gpunet import gpunet_0
+from ppdlx.models import MODELS
 from ppdlx.models.resnet import resnet_tiny
+from ppdlx.models.qat import check_training, layer_scales, refresh_weight_scales, summary
 from ppdlx.quantization import NVIDIA_QUANTIZED_OPS, quantize_model, without_quanters
-from ppdlx.quantization.qat import check_training, layer_scales, refresh_weight_scales, summary
 
 TRACED = ("conv2d", "depthwise_conv2d", "matmul_v2", "elementwise_add")
 
@@ -113,7 +113,7 @@ def test_activation_ranges_are_running_statistics_and_weight_scales_follow_the_w
 def test_every_gpunet_block_is_quantized_and_impossible_combinations_are_one_line():
     """The 7 GPUNets build the same blocks: none of GPUNet-0's convolutions or linear layers stays float."""
     paddle.seed(0)
-    model = gpunet_0(num_classes=10)
+    model = MODELS.build("gpunet_0", num_classes=10)
     assert quantize_model(model) == {"conv": 33, "linear": 1, "residual": 0}
     assert not [m for m in model.sublayers() if type(m) in (paddle.nn.Conv2D, paddle.nn.Linear)]
     with pytest.raises(UnsupportedError, match="amp.level=O2"):

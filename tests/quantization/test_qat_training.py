@@ -4,11 +4,11 @@ one line."""
 import numpy as np
 import pytest
 
+from ppdlx import checkpoint as ckpt
 from ppdlx.config import load_config
-from ppdlx.engine import checkpoint as ckpt
-from ppdlx.engine.cpu_kernels import plan_fast_cpu_kernels
 from ppdlx.errors import UnsupportedError
-from tests.engine.test_checkpoint_kill import finish, params, start
+from ppdlx.layers.cpu_kernels import plan_fast_cpu_kernels
+from tests.checkpoint.test_checkpoint_kill import finish, params, start
 from tests.engine.test_static import DEMO, max_diff, overrides, train_recording
 
 
@@ -37,7 +37,7 @@ def test_qat_trains_the_same_steps_in_every_graph_mode(graph_runs):
 
 
 def test_a_kill_inside_a_qat_save_resumes_bit_identically(tiny_tree, tmp_path):
-    """SIGKILL inside the write of epoch 2's optimizer state (tests/engine/fault_injection), resume: the run ends
+    """SIGKILL inside the write of epoch 2's optimizer state (tests/checkpoint/fault_injection), resume: the run ends
     with the weights, quanter states and EMA shadows of a run that was never interrupted."""
     qat = ("qat.enabled=true", "train.steps_per_epoch=2", "train.epochs=3")
     straight_dir, out = tmp_path / "straight", tmp_path / "killed"

@@ -237,7 +237,7 @@ def test_verify_on_a_cuda_host_runs_a_quantised_export_through_tensorrt_int8(int
     """Before: on a CUDA build --verify judged the int8 export as paddle-gpu fp32 (and fp16, trt fp16)
     under the fp32 gate (99.5 % agreement; int8 agrees 99.4 % here), so --verify-only on a quantize.py
     output failed naming a re-export, and TensorRT int8, the GPU's int8 route, never ran."""
-    from ppdlx.benchmarks.infer import load_deploy_module
+    from benchmarks.infer import load_deploy_module
     from ppdlx.export.verify import verify_cases
     D = load_deploy_module()
     model_dir = int8_export["dir"]

@@ -5,11 +5,10 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import paddle
 import pytest
 
-from ppdlx.engine import checkpoint as ckpt
+from ppdlx import checkpoint as ckpt
 from ppdlx.models import build_model
 from ppdlx.sparsity import ASPHook, SparsityCheckError, check_path, raise_on_violation
 
@@ -116,7 +115,7 @@ def test_pruning_a_detector_reports_its_average_precision(tmp_path):
     # the dense detector's weights, built in a process of its own: building it here changed what later tests of this
     # process named their optimizer states
     build = (f"import sys, paddle; sys.path.insert(0, {ROOT!r}); from ppdlx.config import load_config; "
-             f"from ppdlx.engine.tasks import task_of; cfg = load_config({config!r}, {overrides!r}); paddle.seed(0); "
+             f"from ppdlx.tasks import task_of; cfg = load_config({config!r}, {overrides!r}); paddle.seed(0); "
              f"paddle.save(task_of(cfg).build_model(cfg, 3).state_dict(), {str(tmp_path / 'dense.pdparams')!r})")
     made = subprocess.run([sys.executable, "-c", build], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert made.returncode == 0, made.stderr[-2000:]

@@ -10,9 +10,9 @@ import paddle
 import pytest
 
 from ppdlx.config import load_config
-from ppdlx.engine.builders import build_model
 from ppdlx.errors import DataError
 from ppdlx.export import export_model, read_meta
+from ppdlx.models.from_config import build_model
 from ppdlx.sparsity import check_path
 
 pytest.importorskip("onnx")

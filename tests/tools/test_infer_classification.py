@@ -12,9 +12,9 @@ import sys
 import pytest
 from PIL import Image
 
-from ppdlx.engine.checkpoint_files import atomic_save, load_states
-from ppdlx.engine.tasks.class_list import STATE_KEY, ClassList
+from ppdlx.checkpoint.files import atomic_save, load_states
 from ppdlx.errors import ConfigError, DataError
+from ppdlx.tasks.class_list import STATE_KEY, ClassList
 from tests.weights.lite0 import convert_lite0, expected_indices, imagenet_like_names, photos, save_photo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -29,14 +29,14 @@ import paddle
 import pytest
 import yaml
 
+from ppdlx.checkpoint import load_weights
 from ppdlx.config import load_config
 from ppdlx.data.image_folder import ImageFolder
 from ppdlx.data.loader import ImageFolderLoader
 from ppdlx.data.loader_common import split_batch_sampler
 from ppdlx.data.transforms import EvalTransform
-from ppdlx.engine.builders import build_model
-from ppdlx.engine.checkpoint import load_weights
-from ppdlx.engine.evaluator import ClassificationEvaluator
+from ppdlx.evaluation.classification import ClassificationEvaluator
+from ppdlx.models.from_config import build_model
 from tests.deploy.test_package import RUN_CLI, _without_ppdlx
 from tests.weights.lite0 import (EXPECTED, IMAGENET, convert_lite0, expected_indices, imagenet_like_names, photos,
                                  png_name, save_photo)

@@ -65,7 +65,7 @@ def imagenet_categories():
 
 def convert_lite0(prefix) -> str:
     """The genuine weights converted to a ppdlx prefix (``.pdparams`` + ``.pdstates``); returns the prefix."""
-    from ppdlx.weights import convert_weights
+    from ppdlx.checkpoint import convert_weights
     return convert_weights("lukemelas", lite0_file(), "efficientnet_lite0", str(prefix))["output"]
 
 

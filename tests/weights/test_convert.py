@@ -17,10 +17,11 @@ import numpy as np
 import paddle
 import pytest
 
-from ppdlx.engine.checkpoint import load_states
+from ppdlx.checkpoint import load_states
+from ppdlx.checkpoint import convert_weights
 from ppdlx.models import build_model
 from ppdlx.models.gpunet import GPUNET_NAMES
-from ppdlx.weights import WeightsError, convert_state, convert_weights, detect_source, import_state
+from ppdlx.weights import WeightsError, convert_state, detect_source, import_state
 from tests.engine.test_training import tiny_overrides
 from tests.weights.torch_format import save_torch_zip
 

@@ -1,4 +1,4 @@
-"""Foreign checkpoints through ``model.weights`` (``ppdlx.engine.checkpoint.load_weights``): a PyTorch-format
+"""Foreign checkpoints through ``model.weights`` (``ppdlx.checkpoint.load_weights``): a PyTorch-format
 file imported in memory into a model with another class count (``model.reset_head=auto``), and a converted
 prefix refused as ``train.resume``."""
 import os
@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
+from ppdlx.checkpoint import convert_weights
 from ppdlx.config import load_config
-from ppdlx.weights import convert_state, convert_weights
+from ppdlx.weights import convert_state
 from tests.engine.test_training import tiny_overrides
 from tests.weights.test_convert import tiny_file
 

@@ -15,8 +15,8 @@ import numpy as np
 import paddle
 import pytest
 
-from ppdlx.engine import checkpoint as ckpt
-from ppdlx.engine.checkpoint_files import UnsafeCheckpointError, atomic_save, read_checkpoint
+from ppdlx.checkpoint import training as ckpt
+from ppdlx.checkpoint.files import UnsafeCheckpointError, atomic_save, read_checkpoint
 from ppdlx.weights.paddle_pickle import load_paddle_pickle
 from ppdlx.weights.unpickle import Refused, restricted_loads
 

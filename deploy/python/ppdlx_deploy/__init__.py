@@ -18,6 +18,9 @@ Modules, in the order a prediction flows through them:
   :mod:`.kernel_profile` (where a batch's time goes, kernel by kernel: oneDNN's verbose log,
   onnxruntime's profiler), :mod:`.calibration` (int8 calibration batches and Paddle-TRT calibration).
 
+paddle is imported where Paddle is used, never at the top of a module: MKL's switch below must come first, and
+an onnxruntime or OpenVINO deployment (each benchmark worker too) loads no Paddle libraries or threads.
+
 The names below are the package's public API (``import ppdlx_deploy as D; D.Pipeline.open(...)``).
 """
 from __future__ import annotations

@@ -37,7 +37,7 @@ from .errors import DeployError
 from .meta import load_meta, model_files
 from .pipeline import Pipeline
 from .plan import BACKENDS, CPU_VARIANTS, PRECISIONS, build_plan, check_backend_available, cpu_variant_options
-from .postprocess import draw_detections, postprocess
+from .postprocess import decodes_boxes, draw_detections, postprocess, result_text
 from .preprocess import Preprocessor, list_images
 from .trt import collection_batch_sizes, largest_trt_batch, trt_calibration_tables
 
@@ -167,16 +167,12 @@ def _write_report(path: str, model_dir: str, meta: dict, predictor, rows) -> Non
                    "notes": predictor.plan["notes"], "rows": rows}, f, indent=2)
 
 
-def _print_results(family: str, batch, images, results, output_dir) -> None:
+def _print_results(meta: dict, batch, images, results, output_dir) -> None:
     for path, img, res in zip(batch, images, results):
-        if family == "classification":
-            print(f"{path}: " + ", ".join(f"{label} (id {c}) {p:.4f}" for c, label, p in res))
-        else:
-            print(f"{path}: {len(res)} detections" + "".join(
-                f"\n  {label} (id {c}) {s:.3f} [{', '.join(f'{v:.1f}' for v in box)}]" for box, s, c, label in res))
-            if output_dir:
-                os.makedirs(output_dir, exist_ok=True)
-                draw_detections(img, res, os.path.join(output_dir, os.path.basename(path)))
+        print(result_text(meta, path, res))
+        if output_dir and decodes_boxes(meta):
+            os.makedirs(output_dir, exist_ok=True)
+            draw_detections(img, res, os.path.join(output_dir, os.path.basename(path)))
 
 
 def main(argv=None) -> int:
@@ -238,7 +234,7 @@ def main(argv=None) -> int:
         if index == 0 and predictor.plan.get("tensorrt_engines"):
             print(f"# engine {predictor.plan['engine']}: {predictor.plan['tensorrt_engines']} TensorRT engine(s)",
                   file=sys.stderr)
-        _print_results(meta["model"]["family"], batch, images, results, args.output_dir)
+        _print_results(meta, batch, images, results, args.output_dir)
     if skipped:
         raise DeployError(f"{len(skipped)} of {len(paths)} images skipped (cannot read image); "
                           f"the other {len(paths) - len(skipped)} were predicted")

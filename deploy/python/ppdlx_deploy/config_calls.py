@@ -19,7 +19,7 @@ _ALIASES = {"enable_onednn": "enable_mkldnn", "enable_onednn_bfloat16": "enable_
 def apply_plan(config, calls: Sequence[dict]):
     """Apply plan calls to a ``paddle.inference.Config`` (resolving precision names and the
     onednn/mkldnn method names of older Paddle releases)."""
-    from paddle.inference import PrecisionType
+    from paddle.inference import PrecisionType  # paddle loads on use (see the package's docstring)
     for step in calls:
         name = step["call"]
         if not hasattr(config, name) and name in _ALIASES:

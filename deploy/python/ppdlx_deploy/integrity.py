@@ -78,7 +78,7 @@ def check_program(path: str) -> None:
 
 def parse_program_desc(path: str):
     """A legacy ``.pdmodel`` as ``framework_pb2.ProgramDesc``; a damaged one is one line naming it."""
-    from paddle.base.proto import framework_pb2
+    from paddle.base.proto import framework_pb2  # paddle loads on use (see the package's docstring)
     program = framework_pb2.ProgramDesc()
     with open(path, "rb") as f:
         data = f.read()
@@ -98,7 +98,7 @@ _DTYPE_BYTES = {"BOOL": 1, "INT16": 2, "INT32": 4, "INT64": 8, "FP16": 2, "FP32"
 def check_params_stream(path: str) -> None:
     """Walk the tensors of a combined ``.pdiparams``: one line when the file ends inside a tensor or is
     not such a stream. A data type this walk does not know stops it (nothing is claimed past it)."""
-    from paddle.base.proto import framework_pb2
+    from paddle.base.proto import framework_pb2  # as above
     size, index = os.path.getsize(path), 0
 
     def fail(what):

@@ -11,6 +11,7 @@ from .cpu import cpu_features, has_bf16, has_vnni
 from .config_calls import plan_call
 from .errors import DeployError, UnsupportedError
 from .meta import is_quantized, onnx_precision
+from .postprocess import decodes_boxes
 from .trt import trt_plan
 
 # "auto" (the command line's default): the fastest CPU runtime on this machine whose outputs agree with
@@ -201,7 +202,7 @@ def build_plan(meta: dict, files: dict, backend: str, precision: str, *, threads
         gpu_precision = "Half" if (backend == "paddle-gpu" and precision == "fp16") else "Float32"
         calls += [plan_call("enable_use_gpu", int(gpu_mem_mb), int(gpu_id), precision_mode=gpu_precision),
                   plan_call("switch_ir_optim", True)]
-        if precision == "fp16" and meta.get("model", {}).get("family") == "detection":
+        if precision == "fp16" and decodes_boxes(meta):
             # Paddle's auto_mixed_precision_pass (and a TensorRT fp16 engine) runs the anchors' gather and the
             # box decoding in fp16 too: coordinates to the input size round to 0.25-0.5 px
             notes.append("fp16 decodes the boxes in fp16 too (anchor coordinates round to up to 0.5 px at the "
@@ -248,7 +249,7 @@ def check_backend_available(backend: str) -> None:
                                    f"(CPU-only); install paddlepaddle-gpu (with TensorRT for trt) on the GPU host, "
                                    f"or use --backend paddle-cpu/onnxruntime")
         if backend == "trt":
-            from paddle.inference import get_trt_compile_version
+            from paddle.inference import get_trt_compile_version  # as above: Paddle's backends only
             if tuple(get_trt_compile_version()) == (0, 0, 0):
                 raise UnsupportedError("--backend trt: this Paddle build was compiled without TensorRT")
     if backend in ("onnxruntime", "openvino") and not runtime_installed(backend):

@@ -121,7 +121,7 @@ def clip_to_images(meta: dict, outputs: List[np.ndarray], sizes: Sequence[Tuple[
     its COCO results to). A box left with no width or height lay wholly in the padding: it is
     dropped, the image's later detections move up (score order kept) and its count shrinks, as the
     evaluator drops it. Classification outputs are returned as they are."""
-    if meta["model"]["family"] != "detection":
+    if not decodes_boxes(meta):
         return outputs
     roles = [o["role"] for o in meta["outputs"]]
     out = dict(zip(roles, outputs))
@@ -147,7 +147,7 @@ def clip_to_images(meta: dict, outputs: List[np.ndarray], sizes: Sequence[Tuple[
 def postprocess(meta: dict, outputs: List[np.ndarray], topk: int = 5, score_threshold: Optional[float] = None):
     """Per image: classification -> [(class_id, label, prob)], detection -> [(box, score, class_id, label)];
     ``label`` is the class name from ``inference.yml``."""
-    if meta["model"]["family"] == "classification":
+    if not decodes_boxes(meta):
         is_logits = meta["postprocess"].get("output", "logits") == "logits"
         idx, probs = topk_classes(outputs[0], topk, is_logits)
         return [[(int(c), label_name(meta, int(c)), float(p)) for c, p in zip(ci, pi)] for ci, pi in zip(idx, probs)]
@@ -160,6 +160,19 @@ def postprocess(meta: dict, outputs: List[np.ndarray], topk: int = 5, score_thre
         results.append([(boxes[i].tolist(), float(scores[i]), int(classes[i]), label_name(meta, int(classes[i])))
                         for i in keep])
     return results
+
+
+def decodes_boxes(meta: dict) -> bool:
+    """Whether the export's outputs are boxes (a detector's), which its results carry and can be drawn."""
+    return (meta.get("model") or {}).get("family") == "detection"
+
+
+def result_text(meta: dict, path: str, result) -> str:
+    """One image's :func:`postprocess` result as the command line prints it."""
+    if not decodes_boxes(meta):
+        return f"{path}: " + ", ".join(f"{label} (id {c}) {p:.4f}" for c, label, p in result)
+    return f"{path}: {len(result)} detections" + "".join(
+        f"\n  {label} (id {c}) {s:.3f} [{', '.join(f'{v:.1f}' for v in box)}]" for box, s, c, label in result)
 
 
 def draw_detections(img: Image.Image, detections, path: str) -> None:

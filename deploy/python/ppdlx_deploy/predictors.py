@@ -95,7 +95,7 @@ class PaddlePredictor:
                                        batch_size=batch_size, tuned_cpu=tuned_cpu, **plan_kwargs)
         # The PIR executor otherwise schedules ops through a worker thread pool: on few (shared)
         # cores that costs context switches for no parallelism (measured in
-        # ppdlx/benchmarks/infer.py). The flag is read when the executor is built (creation and
+        # benchmarks/infer.py). The flag is read when the executor is built (creation and
         # first run), so it is set around those only and other predictors keep their own mode.
         self._serial_run = (self.plan["backend"] == "paddle-cpu" and self.plan.get("tuned_cpu", tuned_cpu)
                             and self.files["format"] == "pir")

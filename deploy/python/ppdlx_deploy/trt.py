@@ -21,6 +21,8 @@ import json
 import os
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
+
 from .config_calls import plan_call
 from .errors import DeployError, UnsupportedError
 from .integrity import file_digest, parse_program_desc
@@ -87,8 +89,8 @@ def trt_environment(gpu_id: int) -> dict:
     """What a serialised TensorRT engine is valid for besides the model and settings: the GPU
     (name and compute capability: an A100 engine does not load on an A10), the TensorRT library
     Paddle runs and Paddle's version. Paddle reloads any engine file of the same name it finds."""
-    import paddle
-    from paddle import inference
+    import paddle  # loaded by the TensorRT route only (see the package's docstring)
+    from paddle import inference  # as above
     try:
         runtime = inference.get_trt_runtime_version()
     except (RuntimeError, OSError) as err:  # a TensorRT build whose libnvinfer cannot be loaded
@@ -132,7 +134,7 @@ def pir_trt_import_error() -> Optional[str]:
     """Why ``paddle.tensorrt`` cannot be used here (None when it imports). It ships only with
     TensorRT-enabled GPU builds and imports the ``tensorrt`` wheel."""
     try:
-        import paddle.tensorrt  # noqa: F401
+        import paddle.tensorrt  # noqa: F401  (TensorRT-enabled GPU builds only: the question asked here)
     except (ImportError, OSError) as err:
         return f"{type(err).__name__}: {err}"
     return None
@@ -330,8 +332,7 @@ def _has_files(folder: str) -> bool:
 def convert_pir_trt(spec: dict, sample_feeds=None) -> int:
     """Write ``spec["save_prefix"].json`` with ``pd_op.tensorrt_engine`` ops (or reuse a matching
     earlier conversion); returns the number of TensorRT engines in it."""
-    import numpy as np
-    from paddle.tensorrt.export import Input, PrecisionMode, TensorRTConfig, convert
+    from paddle.tensorrt.export import Input, PrecisionMode, TensorRTConfig, convert  # GPU builds only
 
     names = [i["name"] for i in spec["inputs"]]
     collect = spec["shape_source"] == "collect"

@@ -11,7 +11,7 @@ import numpy as np
 
 from ppdlx_deploy.errors import DeployError, UnsupportedError
 
-from .serving import CLASSIFICATION_OUTPUTS, DETECTION_OUTPUTS, IMAGE_INPUT, encode_files
+from .serving import IMAGE_INPUT, encode_files, family_outputs, served_family, served_results
 
 PROTOCOLS = ("http", "grpc")
 
@@ -37,9 +37,7 @@ class ServedModel:
         config = self.client.get_model_config(model, **({"as_json": True} if protocol == "grpc" else {}))
         config = config.get("config", config)
         outputs = {o["name"] for o in config.get("output", [])}
-        self.family = "classification" if set(CLASSIFICATION_OUTPUTS) <= outputs else "detection"
-        if self.family == "detection" and not set(DETECTION_OUTPUTS) <= outputs:
-            raise DeployError(f"model {model}: outputs {sorted(outputs)} are not a ppdlx served model's")
+        self.family = served_family(model, outputs)
         parameters = config.get("parameters", {})
         self.labels = json.loads(parameters.get("labels", {}).get("string_value") or "[]")
 
@@ -49,7 +47,7 @@ class ServedModel:
         rows = encode_files(files)
         image = self.module.InferInput(IMAGE_INPUT, list(rows.shape), "UINT8")
         image.set_data_from_numpy(rows)
-        names = CLASSIFICATION_OUTPUTS if self.family == "classification" else DETECTION_OUTPUTS
+        names = family_outputs(self.family)
         outputs = [self.module.InferRequestedOutput(n, class_count=class_count if n == "probabilities" else 0)
                    for n in names]
         answer = self.client.infer(self.model, [image], outputs=outputs)
@@ -60,14 +58,7 @@ class ServedModel:
 
     def predict(self, files: Sequence[bytes]) -> List[list]:
         """Per file, the results as ``ppdlx_deploy.postprocess`` gives them."""
-        arrays = self.infer_arrays(files)
-        if self.family == "classification":
-            return [[(int(c), self.label(int(c)), float(s)) for c, s in zip(ids, scores)]
-                    for ids, scores in zip(arrays["class_ids"], arrays["scores"])]
-        return [[(box.tolist(), float(score), int(c), self.label(int(c)))
-                 for box, score, c in zip(boxes[:n], scores[:n], classes[:n])]
-                for boxes, scores, classes, n in zip(arrays["boxes"], arrays["scores"], arrays["class_ids"],
-                                                     arrays["count"].reshape(-1))]
+        return served_results(self.family, self.infer_arrays(files), self.label)
 
     def close(self) -> None:
         self.client.close()

@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Sequence
 import ppdlx_deploy
 from ppdlx_deploy import load_meta, model_files
 from ppdlx_deploy.errors import DeployError
+from ppdlx_deploy.postprocess import decodes_boxes
 
 from . import config as C
 from .serving import IMAGE_INPUT, IMAGE_SIZE, onnx_outputs, pack_labels, result_names
@@ -54,7 +55,7 @@ def image_input(meta: dict, section: Optional[dict] = None) -> dict:
 
 def result_tensors(meta: dict, topk: int) -> List[C.Tensor]:
     """The served outputs (``ppdlx_triton.serving``'s interface) with their dims."""
-    if meta["model"]["family"] == "classification":
+    if not decodes_boxes(meta):
         classes = int(meta["model"]["num_classes"])
         k = min(topk, classes)
         return [C.Tensor("class_ids", "int64", [k]), C.Tensor("scores", "float32", [k]),

@@ -42,7 +42,32 @@ ROLES = ("pipeline", "preprocess", "network", "postprocess")
 
 
 def result_names(meta: dict) -> Tuple[str, ...]:
-    return CLASSIFICATION_OUTPUTS if meta["model"]["family"] == "classification" else DETECTION_OUTPUTS
+    return family_outputs(meta["model"]["family"])
+
+
+def family_outputs(family: str) -> Tuple[str, ...]:
+    """The outputs a served model of ``family`` declares (the interface above)."""
+    return CLASSIFICATION_OUTPUTS if family == "classification" else DETECTION_OUTPUTS
+
+
+def served_family(model: str, outputs) -> str:
+    """The family of a served model, told by the outputs its configuration declares."""
+    for family in ("classification", "detection"):
+        if set(family_outputs(family)) <= set(outputs):
+            return family
+    raise DeployError(f"model {model}: outputs {sorted(outputs)} are not a ppdlx served model's")
+
+
+def served_results(family: str, arrays: Dict[str, np.ndarray], label) -> List[list]:
+    """Per image, a served model's answer as ``ppdlx_deploy.postprocess`` gives results (``label(class_id)``
+    names a class)."""
+    if family == "classification":
+        return [[(int(c), label(int(c)), float(s)) for c, s in zip(ids, scores)]
+                for ids, scores in zip(arrays["class_ids"], arrays["scores"])]
+    return [[(box.tolist(), float(score), int(c), label(int(c)))
+             for box, score, c in zip(boxes[:n], scores[:n], classes[:n])]
+            for boxes, scores, classes, n in zip(arrays["boxes"], arrays["scores"], arrays["class_ids"],
+                                                 arrays["count"].reshape(-1))]
 
 
 def decode_images(rows: np.ndarray) -> List[Image.Image]:

@@ -8,6 +8,6 @@
 * :mod:`.step` -- :class:`~ppdlx.engine.static.step.StaticProgramStep`, the step strategy the
   trainer runs.
 
-Nothing here reads the config: :mod:`ppdlx.engine.tasks.classification` turns it into a
+Nothing here reads the config: :mod:`ppdlx.tasks.classification` turns it into a
 :class:`~ppdlx.engine.static.program.ProgramSpec` of plain arguments and builders.
 """

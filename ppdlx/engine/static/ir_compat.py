@@ -12,7 +12,8 @@ import contextlib
 from typing import Optional
 
 import paddle
-from paddle.base.framework import _dygraph_guard
+from paddle.base.framework import Variable, _dygraph_guard
+from paddle.base.layer_helper import LayerHelper
 
 from ppdlx.errors import UnsupportedError
 
@@ -48,9 +49,6 @@ def legacy_ir_ops():
     if use_pir():
         yield
         return
-    from paddle.base.framework import Variable
-    from paddle.base.layer_helper import LayerHelper
-
     orig_sum, orig_method = paddle.sum, Variable.sum
 
     def legacy_sum(x, axis=None, dtype=None, keepdim=False, name=None):

@@ -10,6 +10,7 @@ what is saved, evaluated and averaged -- stay put: the probe checks that the mas
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Tuple
 
 import numpy as np
@@ -37,7 +38,6 @@ def amp_step_trains_here(spec: ProgramSpec, input_size: int, num_classes: int, o
                          level: str) -> Tuple[bool, str]:
     """One AMP train step built by :func:`build_programs` (batch of 2, throwaway programs and scope,
     CPU). Returns ``(True, "")`` or ``(False, why)``."""
-    import warnings
     spec = dataclasses.replace(spec, accumulate=1)  # accumulation is refused with AMP separately
     scope = paddle.static.Scope()
     try:

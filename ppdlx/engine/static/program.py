@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 import paddle
+from paddle.distributed import fleet
 
 from ppdlx.data.mixing import mix_batch, mix_inputs
 from ppdlx.engine.amp import AmpPlan, autocast
@@ -235,7 +236,6 @@ def _append_update_legacy(pr, optimizer, loss, k: int, world: int, ema_update: O
     pr.unskipped_note = "update applied (legacy IR cannot skip it)"
     opt = optimizer
     if world > 1:
-        from paddle.distributed import fleet
         opt = fleet.distributed_optimizer(opt, fleet.DistributedStrategy())
     if k > 1:
         opt = paddle.incubate.optimizer.GradientMergeOptimizer(opt, k_steps=k, avg=True)

@@ -19,15 +19,16 @@ from typing import Dict, Optional
 import numpy as np
 import paddle
 
+from ppdlx import dist
 from ppdlx.data.mixing import MixSpec, draw_mix, image_size
-from ppdlx.engine import dist
 from ppdlx.engine.amp import AmpPlan
 from ppdlx.engine.ema import ema_decay
 from ppdlx.engine.static.feed import as_feed, feed_rows, feed_shape
 from ppdlx.engine.static.ir_compat import static_graph
 from ppdlx.engine.static.program import ProgramSpec, Programs, build_programs
 from ppdlx.engine.static.state import ScopeState, scope_tensor, share_float32_views
-from ppdlx.engine.step import Step, StepResult, WeightAccess
+from ppdlx.engine.step import Step, StepResult
+from ppdlx.optim.weight_copies import WeightAccess
 
 
 class ProgramEMA:
@@ -50,7 +51,7 @@ class ProgramEMA:
 
 
 class ScopeWeights(WeightAccess):
-    """:class:`~ppdlx.engine.step.WeightAccess` over the scope: parameters, AMP O2 masters and EMA
+    """:class:`~ppdlx.optim.weight_copies.WeightAccess` over the scope: parameters, AMP O2 masters and EMA
     shadows are scope variables (looked up at each use: the executor owns their memory)."""
 
     ema_updated_in_step = True  # the program updates the EMA right after the optimizer
