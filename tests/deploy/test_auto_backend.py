@@ -130,6 +130,23 @@ def test_a_runtime_that_failed_verify_is_not_run(exports, tmp_path, monkeypatch)
     assert decision["skipped"] == ["onnxruntime fp32: failed this export's --verify (numerics: 60.0% agree)"]
 
 
+def test_a_qdq_graph_that_failed_verify_is_no_candidate(exports):
+    """A QAT detector's export: its float program and its QDQ ONNX file; --verify failed onnxruntime int8,
+    so auto measures only what passed, and asking for int8 alone says why nothing is left."""
+    pytest.importorskip("onnxruntime")
+    model_dir = exports["pir"]
+    meta = dict(D.load_meta(model_dir), quantization={"onnx": "qdq"}, verify={"cases": [
+        {"backend": "paddle-cpu", "precision": "fp32", "passed": True},
+        {"backend": "onnxruntime", "precision": "int8", "passed": False, "cause": "AP 0.15 vs 0.17"}]})
+    files = D.model_files(model_dir, meta)
+    candidates, skipped = D.runtime_candidates(model_dir, meta, files, "auto", AMD_AVX2, backends=TWO_RUNTIMES)
+    assert [(c["backend"], c["precision"]) for c in candidates] == [("paddle-cpu", "fp32")] * len(candidates)
+    assert "onnxruntime int8: failed this export's --verify (AP 0.15 vs 0.17)" in skipped
+    with pytest.raises(D.UnsupportedError, match=r"no CPU runtime can run this export here \(onnxruntime int8: "
+                                                 r"failed this export's --verify"):
+        D.runtime_candidates(model_dir, meta, files, "int8", AMD_AVX2, backends=TWO_RUNTIMES)
+
+
 # Run first in the subprocess: onnxruntime and openvino cannot be imported, as on a host without them.
 WITHOUT_RUNTIMES = r"""
 import importlib.abc, sys, runpy

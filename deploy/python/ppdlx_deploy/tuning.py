@@ -84,13 +84,21 @@ def runtime_candidates(model_dir: str, meta: dict, files: dict, precision: str, 
     onnx_file = os.path.join(model_dir, meta["model"].get("onnx_file") or "inference.onnx")
     # a QAT export's ONNX file is a QDQ graph: onnxruntime runs it in int8, as written
     qdq = onnx_precision(meta) == "int8" and os.path.isfile(onnx_file) and runtime_installed("onnxruntime")
+    qdq_failed = failed_verify(meta, "onnxruntime", "int8") if qdq else None
+    if qdq_failed:  # never a candidate, like any runtime outside the export's --verify gate
+        skipped.append(f"onnxruntime int8: failed this export's --verify ({qdq_failed[:120]})")
+        qdq = False
     if is_quantized(files["model_file"]) or precision == "int8":
-        if not is_quantized(files["model_file"]) and not qdq:
+        if not is_quantized(files["model_file"]) and not qdq and not qdq_failed:
             raise UnsupportedError("--backend auto --precision int8 needs a quantised (QAT/PTQ) export: this "
                                    "model has no quantize ops")
         out = [candidate("paddle-cpu", "int8", "default")] if is_quantized(files["model_file"]) else []
-        return out + ([candidate("onnxruntime", "int8")] if qdq else []), \
-            ["a quantised export runs int8 on paddle-cpu and, with a QDQ inference.onnx, onnxruntime"]
+        out += [candidate("onnxruntime", "int8")] if qdq else []
+        if not out:
+            raise UnsupportedError("--backend auto: no CPU runtime can run this export here (" + "; ".join(skipped)
+                                   + ")")
+        return out, skipped + ["a quantised export runs int8 on paddle-cpu and, with a QDQ inference.onnx, "
+                               "onnxruntime"]
     bf16_hardware = has_bf16(features)
     if precision == "bf16" and not bf16_hardware:
         raise UnsupportedError("--backend auto --precision bf16: this CPU has neither avx512_bf16 nor amx_bf16; "
