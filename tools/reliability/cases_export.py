@@ -216,24 +216,28 @@ def _benchmark_prepare(ctx):
     return Run(argv, mentions=["--steps"], description="benchmark.py train --steps 0")
 
 
+# Damaged export files deploy/python/infer.py must name: (case, fixture, file, kind)
+DAMAGED_FOR_DEPLOY = (
+    ("deploy_truncated_pdiparams", "export", "inference.pdiparams", "truncated"),
+    ("deploy_empty_pdiparams", "export", "inference.pdiparams", "empty"),
+    ("deploy_missing_pdiparams", "export", "inference.pdiparams", "missing"),
+    ("deploy_pdiparams_cut_100_bytes", "export", "inference.pdiparams", "cut_100_bytes"),
+    ("deploy_bit_flipped_pdiparams", "export", "inference.pdiparams", "bit_flipped"),
+    ("deploy_unrecorded_pdiparams_cut_100_bytes", "export", "inference.pdiparams", "unrecorded_cut_100_bytes"),
+    ("deploy_truncated_json", "export", "inference.json", "truncated"),
+    ("deploy_garbled_json", "export", "inference.json", "garbled"),
+    ("deploy_truncated_pdmodel", "export_program", "inference.pdmodel", "truncated"),
+    ("deploy_empty_pdmodel", "export_program", "inference.pdmodel", "empty"),
+    ("deploy_unrecorded_garbled_pdmodel", "export_program", "inference.pdmodel", "unrecorded_garbled"),
+    ("deploy_truncated_inference_yml", "export", "inference.yml", "truncated"),
+    ("deploy_inference_yml_not_a_mapping", "export", "inference.yml", "not_a_mapping"),
+    ("deploy_inference_yml_no_preprocess", "export", "inference.yml", "no_preprocess"),
+)
+
+
 def cases():
     return [
-        _export_case("deploy_truncated_pdiparams", "export", "inference.pdiparams", "truncated", "deploy"),
-        _export_case("deploy_empty_pdiparams", "export", "inference.pdiparams", "empty", "deploy"),
-        _export_case("deploy_missing_pdiparams", "export", "inference.pdiparams", "missing", "deploy"),
-        _export_case("deploy_pdiparams_cut_100_bytes", "export", "inference.pdiparams", "cut_100_bytes", "deploy"),
-        _export_case("deploy_bit_flipped_pdiparams", "export", "inference.pdiparams", "bit_flipped", "deploy"),
-        _export_case("deploy_unrecorded_pdiparams_cut_100_bytes", "export", "inference.pdiparams",
-                     "unrecorded_cut_100_bytes", "deploy"),
-        _export_case("deploy_truncated_json", "export", "inference.json", "truncated", "deploy"),
-        _export_case("deploy_garbled_json", "export", "inference.json", "garbled", "deploy"),
-        _export_case("deploy_truncated_pdmodel", "export_program", "inference.pdmodel", "truncated", "deploy"),
-        _export_case("deploy_empty_pdmodel", "export_program", "inference.pdmodel", "empty", "deploy"),
-        _export_case("deploy_unrecorded_garbled_pdmodel", "export_program", "inference.pdmodel",
-                     "unrecorded_garbled", "deploy"),
-        _export_case("deploy_truncated_inference_yml", "export", "inference.yml", "truncated", "deploy"),
-        _export_case("deploy_inference_yml_not_a_mapping", "export", "inference.yml", "not_a_mapping", "deploy"),
-        _export_case("deploy_inference_yml_no_preprocess", "export", "inference.yml", "no_preprocess", "deploy"),
+        *(_export_case(name, fixture, file, kind, "deploy") for name, fixture, file, kind in DAMAGED_FOR_DEPLOY),
         _export_case("deploy_truncated_onnx", "export", "inference.onnx", "truncated", "deploy",
                      backend="onnxruntime"),
         _export_case("verify_only_truncated_pdiparams", "export", "inference.pdiparams", "truncated", "verify",

@@ -36,6 +36,7 @@ def _libc_sigaltstack():
 
 
 _SIGALTSTACK = _libc_sigaltstack()
+SS_ONSTACK = 1
 
 
 def current_signal_stack() -> Optional[tuple]:
@@ -51,15 +52,11 @@ def current_signal_stack() -> Optional[tuple]:
 @contextlib.contextmanager
 def signal_stack_kept() -> Iterator[None]:
     """Run the body, then give this thread back the alternate signal stack it had before."""
-    if _SIGALTSTACK is None:
-        yield
-        return
-    before = _SignalStack()
-    readable = _SIGALTSTACK(None, ctypes.byref(before)) == 0
+    before = current_signal_stack()
     try:
         yield
     finally:
-        if readable and current_signal_stack() != (before.ss_sp or 0, before.ss_flags, before.ss_size):
+        if before is not None and current_signal_stack() != before:
+            address, flags, size = before
             # SS_ONSTACK is a state the kernel reports, not a flag sigaltstack accepts
-            restore = _SignalStack(before.ss_sp, before.ss_flags & ~1, before.ss_size)
-            _SIGALTSTACK(ctypes.byref(restore), None)
+            _SIGALTSTACK(ctypes.byref(_SignalStack(address or None, flags & ~SS_ONSTACK, size)), None)

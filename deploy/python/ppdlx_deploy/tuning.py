@@ -73,6 +73,10 @@ def passed_verify(meta: dict, backend: str, precision: str) -> bool:
                for c in (meta.get("verify") or {}).get("cases") or [])
 
 
+def _nothing_runs(skipped: List[str]) -> UnsupportedError:
+    return UnsupportedError("--backend auto: no CPU runtime can run this export here (" + "; ".join(skipped) + ")")
+
+
 def runtime_candidates(model_dir: str, meta: dict, files: dict, precision: str, features: dict,
                        backends: Sequence[str] = CPU_RUNTIMES) -> Tuple[List[dict], List[str]]:
     """``(candidates, skipped)`` for ``--backend auto``: every runtime of ``backends`` installed here
@@ -95,8 +99,7 @@ def runtime_candidates(model_dir: str, meta: dict, files: dict, precision: str, 
         out = [candidate("paddle-cpu", "int8", "default")] if is_quantized(files["model_file"]) else []
         out += [candidate("onnxruntime", "int8")] if qdq else []
         if not out:
-            raise UnsupportedError("--backend auto: no CPU runtime can run this export here (" + "; ".join(skipped)
-                                   + ")")
+            raise _nothing_runs(skipped)
         return out, skipped + ["a quantised export runs int8 on paddle-cpu and, with a QDQ inference.onnx, "
                                "onnxruntime"]
     bf16_hardware = has_bf16(features)
@@ -136,7 +139,7 @@ def runtime_candidates(model_dir: str, meta: dict, files: dict, precision: str, 
             variants = cpu_variants_for(files["format"], p) if backend == "paddle-cpu" else [None]
             out += [candidate(backend, p, v) for v in variants]
     if not out:
-        raise UnsupportedError("--backend auto: no CPU runtime can run this export here (" + "; ".join(skipped) + ")")
+        raise _nothing_runs(skipped)
     return out, skipped
 
 
