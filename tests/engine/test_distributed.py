@@ -28,20 +28,23 @@ def common(tree, classes=3):
             "global.device=cpu"]
 
 
-def launch_ranks(tmp_path, tree, *extra, nan_on_rank1="", ranks=2, classes=3, node_local=False, env=None, log="log"):
-    out = tmp_path / "out"
+def launch_ranks(tmp_path, tree, *extra, nan_on_rank1="", ranks=2, classes=3, node_local=False, env=None, log="log",
+                 kill_rank1_at=0, launcher=(), out_name="out"):
+    out = tmp_path / out_name
     out.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(ranks), "--log_dir",
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", *launcher, "--nproc_per_node", str(ranks), "--log_dir",
            str(tmp_path / log), WORKER, str(out), DEMO]
     if nan_on_rank1:
         cmd += ["--nan-on-rank1", nan_on_rank1]
+    if kill_rank1_at:
+        cmd += ["--kill-rank1-at", str(kill_rank1_at)]
     if node_local:
         cmd += ["--node-local"]
     cmd += ["-o", *common(tree, classes), f"global.output_dir={out}", "data.batch_size=4", "lr.base_lr=0.05",
             "lr.scale_with_batch=false", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
                           env=None if env is None else dict(os.environ, **env))
-    logs = {f: open(tmp_path / log / f).read() for f in sorted(os.listdir(tmp_path / log))
+    logs = {f: open(tmp_path / log / f, errors="replace").read() for f in sorted(os.listdir(tmp_path / log))
             if f.startswith("workerlog")}
     return proc, out, logs
 
@@ -169,6 +172,24 @@ def test_ranks_that_see_different_checkpoints_refuse_to_resume_alike(odd_tree, t
             "read the same global.output_dir" in text, (name, text[-2000:])
         assert "epoch 2" not in text  # no step was trained
     assert not (out / "rank0.npz").exists() and not (out / "rank1.npz").exists()
+
+
+def test_a_rank_killed_mid_epoch_leaves_one_line_from_the_survivor(odd_tree, tmp_path):
+    """Rank 1 SIGKILLed in epoch 2: rank 0's gradient all-reduce in backward() met the closed connection, and
+    Paddle, unable to hand gloo's exception to Python, aborted with a C++ traceback within a second, so the
+    launcher named rank 0 as the failed one. Now rank 0 says in one line what was lost and how to go on."""
+    proc, out, logs = launch_ranks(tmp_path, odd_tree, "train.epochs=2", "train.steps_per_epoch=3",
+                                   kill_rank1_at=5)
+    survivor = logs["workerlog.0"]
+    assert proc.returncode == 6, (proc.returncode, survivor[-3000:])
+    line = (f"error: rank 1 of 2 was lost (its connection closed during the gradient all-reduce in backward()); "
+            f"{out}/latest (epoch 1) is the newest complete checkpoint: rerun the same command with "
+            f"train.resume=auto to continue from it")
+    assert line in survivor.splitlines(), survivor[-3000:]
+    assert survivor.count("error:") == 1
+    assert "Traceback" not in survivor and "FatalError" not in survivor and "terminate called" not in survivor
+    assert (out / "rank1.killed").exists() and not (out / "rank0.npz").exists()
+    assert os.path.getsize(out / "train.lock") == 0  # released: the rerun takes it over without a warning
 
 
 def test_a_cpu_run_takes_gloo_whatever_paddle_would_choose():
