@@ -8,6 +8,7 @@ import ctypes.util
 import logging
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -175,6 +176,10 @@ def seed_everything(seed: int) -> None:
 
 PEER_LOST_EXIT_CODE = 6
 GLOO_TRANSPORT = "gloo/transport/"  # in every gloo I/O error: "[.../gloo/transport/tcp/pair.cc:576] Read error ..."
+# gloo::IoException and gloo::TimeoutException (mangled): Paddle's gloo reports a peer's closed connection as
+# either, the second as "[.../pair.cc:584] TIMEOUT self_rank = 0 pair_rank = 1 ..." at once, not after a wait
+GLOO_PEER_ERRORS = (b"N4gloo11IoExceptionE", b"N4gloo16TimeoutExceptionE")
+PAIR_RANK = re.compile(r"pair_rank = (\d+)")
 BACKWARD_COLLECTIVE = "the gradient all-reduce in backward()"
 # Paddle's launcher polls its ranks every second and, seeing one failed, stops the others with SIGTERM and
 # names the first failed rank: a survivor that ended at once was named instead of the rank that was lost.
@@ -192,8 +197,12 @@ def lost_peer_collective(err: BaseException):
     return calls[-1] if calls else "a collective"
 
 
-def lost_peer() -> str:
-    """Who a lost connection was to, as far as this rank can tell: with two ranks, the other one."""
+def lost_peer(message: str = "") -> str:
+    """Who a lost connection was to, as far as this rank can tell: the ``pair_rank`` of Paddle's gloo message,
+    else with two ranks the other one."""
+    named = PAIR_RANK.search(message)
+    if named:
+        return f"rank {named.group(1)} of {world_size()}"
     if world_size() == 2:
         return f"rank {1 - rank()} of 2"
     return f"a peer rank of the {world_size()} (the launcher's log names it)"
@@ -218,11 +227,11 @@ class _GlooTerminateHook:
     ``loss.backward()`` makes DataParallel's gradient all-reduce throw ``gloo::IoException`` inside the
     backward call, and ``ThrowExceptionToPython`` (paddle/fluid/pybind/exception.cc) converts only Paddle's own
     exception types: the gloo one escapes into CPython and ends in ``std::terminate`` (abort, a C++ traceback).
-    This handler, called there on the same thread, hands a gloo exception to ``on_gloo_error``; any other goes
-    on to the previous handler."""
+    This handler, called there on the same thread, hands gloo's peer errors to ``on_peer_error``; any other
+    exception goes on to the previous handler."""
 
-    def __init__(self, on_gloo_error):
-        self.on_gloo_error = on_gloo_error
+    def __init__(self, on_peer_error):
+        self.on_peer_error = on_peer_error
         libstdcxx = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
         self._set = libstdcxx._ZSt13set_terminatePFvvE  # std::set_terminate(void (*)())
         self._set.restype, self._set.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
@@ -237,8 +246,8 @@ class _GlooTerminateHook:
         return ctypes.c_char_p.from_address(info + ctypes.sizeof(ctypes.c_void_p)).value if info else b""
 
     def _on_terminate(self):
-        if b"4gloo" in self._exception_type():
-            self.on_gloo_error()
+        if self._exception_type() in GLOO_PEER_ERRORS:
+            self.on_peer_error()
         if self._previous:
             ctypes.CFUNCTYPE(None)(self._previous)()
 
@@ -248,19 +257,23 @@ class _GlooTerminateHook:
 
 @contextlib.contextmanager
 def stop_on_lost_peer(explain, cleanup=lambda: None):
-    """Inside, a collective that finds a peer rank gone (killed, crashed, its node down) ends this rank with the
-    one line ``explain(collective)`` and exit code 6 (:func:`end_after_lost_peer`) instead of a gloo traceback
-    or a C++ abort."""
+    """Inside, a collective that finds a peer rank gone (killed, crashed) ends this rank with the one line
+    ``explain(collective, gloo's message)`` and exit code 6 (:func:`end_after_lost_peer`) instead of a gloo
+    traceback or a C++ abort."""
     if world_size() <= 1:
         yield
         return
-    hook = _GlooTerminateHook(lambda: end_after_lost_peer(explain(BACKWARD_COLLECTIVE), cleanup))
+    try:
+        hook = _GlooTerminateHook(lambda: end_after_lost_peer(explain(BACKWARD_COLLECTIVE, ""), cleanup))
+    except (OSError, AttributeError):  # no libstdc++ with those symbols (not Linux): Paddle's abort stays
+        hook = None
     try:
         yield
     except RuntimeError as err:
         collective = lost_peer_collective(err)
         if collective is None:
             raise
-        end_after_lost_peer(explain(collective), cleanup)
+        end_after_lost_peer(explain(collective, str(err)), cleanup)
     finally:
-        hook.remove()
+        if hook is not None:
+            hook.remove()

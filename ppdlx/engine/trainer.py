@@ -186,9 +186,10 @@ class Trainer:
             self.call_hooks("after_train")
         return self.last_metrics
 
-    def lost_peer_line(self, collective: str) -> str:
-        """What this rank says when a peer rank is lost: which rank, during what, and how to go on."""
-        lost = f"{dist.lost_peer()} was lost (its connection closed during {collective})"
+    def lost_peer_line(self, collective: str, message: str) -> str:
+        """What this rank says when a peer rank is lost (``message``: gloo's): which rank, during what, and how
+        to go on."""
+        lost = f"{dist.lost_peer(message)} was lost (its connection closed during {collective})"
         try:
             path, epoch, _ = ckpt.newest_complete(self.output_dir) if self.output_dir else (None, None, None)
         except PpdlxError:  # a refused (planted) file: nothing to recommend resuming from

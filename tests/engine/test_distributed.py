@@ -2,8 +2,11 @@
 (a world size that divides neither the train nor the val images)."""
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -190,6 +193,62 @@ def test_a_rank_killed_mid_epoch_leaves_one_line_from_the_survivor(odd_tree, tmp
     assert "Traceback" not in survivor and "FatalError" not in survivor and "terminate called" not in survivor
     assert (out / "rank1.killed").exists() and not (out / "rank0.npz").exists()
     assert os.path.getsize(out / "train.lock") == 0  # released: the rerun takes it over without a warning
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def etcd_server(tmp_path):
+    """A real etcd on loopback ports: the store paddle.distributed.launch's elastic controller (the only one that
+    honours --max_restart) keeps its peers and heartbeats in."""
+    if shutil.which("etcd") is None:
+        pytest.skip("no etcd server on PATH (Debian: apt-get install etcd-server)")
+    etcd3 = pytest.importorskip("etcd3", reason="paddle.distributed.launch talks to etcd through the etcd3 module "
+                                "(pip install cslab-etcd3)")
+    client_port, peer_port = free_port(), free_port()
+    server = subprocess.Popen(["etcd", "--data-dir", str(tmp_path / "etcd"),
+                               "--listen-client-urls", f"http://127.0.0.1:{client_port}",
+                               "--advertise-client-urls", f"http://127.0.0.1:{client_port}",
+                               "--listen-peer-urls", f"http://127.0.0.1:{peer_port}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:  # a new client each time: one that failed to connect stays failed
+                etcd3.client(host="127.0.0.1", port=client_port).status()
+                break
+            except Exception:  # not serving yet (grpc's connection errors, or the client's ValueError)
+                assert time.monotonic() < deadline and server.poll() is None, "etcd did not start"
+                time.sleep(0.2)
+        yield f"etcd://127.0.0.1:{client_port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_a_rank_killed_mid_epoch_is_restarted_by_the_launcher_to_the_same_weights(odd_tree, tmp_path, etcd_server):
+    """paddle.distributed.launch --max_restart with train.resume=auto: rank 1 killed in epoch 2, the launcher stops
+    the survivor and starts both again, they resume from epoch 1's checkpoint and end with the weights of an
+    uninterrupted run, bit for bit."""
+    settings = ("train.epochs=2", "train.steps_per_epoch=3", "train.resume=auto")
+    proc, out, logs = launch_ranks(tmp_path, odd_tree, *settings, kill_rank1_at=5, log="log_restarted",
+                                   launcher=("--master", etcd_server, "--nnodes", "1", "--job_id", tmp_path.name,
+                                             "--max_restart", "1", "--elastic_level", "1"))
+    assert proc.returncode == 0, proc.stderr[-3000:] + logs["workerlog.0"][-3000:]
+    assert (out / "rank1.killed").exists()
+    assert "error: rank 1 of 2 was lost" in logs["workerlog.0"]
+    assert f"resumed from {out}/latest -> epoch_1 at epoch 1 (step 3)" in logs["workerlog.0"]
+    restarted, counters = rank_states(out)
+    assert_same_weights(restarted)
+    assert [c["global_step"] for c in counters] == [6, 6]
+    proc, plain_out, logs = launch_ranks(tmp_path, odd_tree, *settings, log="log_plain", out_name="plain")
+    assert proc.returncode == 0, logs["workerlog.0"][-3000:]
+    plain, _ = rank_states(plain_out)
+    assert_same_weights([plain[0], restarted[0]])
 
 
 def test_a_cpu_run_takes_gloo_whatever_paddle_would_choose():
