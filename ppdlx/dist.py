@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import logging
 import os
 import random
@@ -213,7 +212,8 @@ def end_after_lost_peer(line: str, cleanup) -> None:
     giving the launcher time to notice the lost rank; its SIGTERM ends the wait quietly (Paddle's own SIGTERM
     handler prints a C++ traceback). Exits without unwinding: it is also called from ``std::terminate``."""
     print(f"error: {line}", file=sys.stderr, flush=True)
-    cleanup()
+    with contextlib.suppress(OSError):  # nothing may stop the exit (an exception would end in the abort)
+        cleanup()
     logging.shutdown()
     sys.stdout.flush()
     with contextlib.suppress(ValueError):  # only the main thread can set a handler
@@ -232,7 +232,7 @@ class _GlooTerminateHook:
 
     def __init__(self, on_peer_error):
         self.on_peer_error = on_peer_error
-        libstdcxx = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
+        libstdcxx = ctypes.CDLL("libstdc++.so.6")  # the one Paddle's libraries are linked to (already loaded)
         self._set = libstdcxx._ZSt13set_terminatePFvvE  # std::set_terminate(void (*)())
         self._set.restype, self._set.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
         # the std::type_info of the exception in flight (getattr: a class body would mangle the name)
@@ -265,7 +265,7 @@ def stop_on_lost_peer(explain, cleanup=lambda: None):
         return
     try:
         hook = _GlooTerminateHook(lambda: end_after_lost_peer(explain(BACKWARD_COLLECTIVE, ""), cleanup))
-    except (OSError, AttributeError):  # no libstdc++ with those symbols (not Linux): Paddle's abort stays
+    except (OSError, AttributeError):  # no libstdc++.so.6 with those symbols (not Linux): Paddle's abort stays
         hook = None
     try:
         yield

@@ -195,6 +195,24 @@ def test_a_rank_killed_mid_epoch_leaves_one_line_from_the_survivor(odd_tree, tmp
     assert os.path.getsize(out / "train.lock") == 0  # released: the rerun takes it over without a warning
 
 
+def test_gloo_errors_are_told_from_others_and_name_the_lost_rank(monkeypatch):
+    """The messages Paddle 3.3.1's gloo gave in the kill tests (a reset connection; the immediate 'TIMEOUT' of a
+    closed one, which names the peer), and errors that are not a lost peer."""
+    from ppdlx.dist import lost_peer, lost_peer_collective
+    reset = RuntimeError("[/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:576] Read error [127.0.0.1]:42709: "
+                         "Connection reset by peer")
+    closed = "[/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:584] TIMEOUT self_rank = 0 pair_rank = 2 peer_str"
+    assert lost_peer_collective(reset) == "a collective"  # raised here, not under paddle/distributed
+    assert lost_peer_collective(RuntimeError("(InvalidArgument) shapes differ")) is None
+    assert lost_peer_collective(ValueError(str(reset))) is None
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    monkeypatch.setenv("PADDLE_TRAINER_ID", "0")
+    assert lost_peer(str(reset)) == "rank 1 of 2"
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "4")
+    assert lost_peer(closed) == "rank 2 of 4"
+    assert lost_peer(str(reset)) == "a peer rank of the 4 (the launcher's log names it)"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
