@@ -1,9 +1,17 @@
 """This process in a (data-parallel) job: its rank and device as the launcher set them (we never spawn), its
-CPU threads and random seeds, and thin helpers over ``paddle.distributed``."""
+CPU threads and random seeds, thin helpers over ``paddle.distributed``, and one line when a peer rank is lost."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import logging
 import os
 import random
+import re
+import signal
+import sys
+import time
+import traceback
 
 import numpy as np
 import paddle
@@ -163,3 +171,109 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2 ** 32))
     paddle.seed(seed)
+
+
+PEER_LOST_EXIT_CODE = 6
+GLOO_TRANSPORT = "gloo/transport/"  # in every gloo I/O error: "[.../gloo/transport/tcp/pair.cc:576] Read error ..."
+# gloo::IoException and gloo::TimeoutException (mangled): Paddle's gloo reports a peer's closed connection as
+# either, the second as "[.../pair.cc:584] TIMEOUT self_rank = 0 pair_rank = 1 ..." at once, not after a wait
+GLOO_PEER_ERRORS = (b"N4gloo11IoExceptionE", b"N4gloo16TimeoutExceptionE")
+PAIR_RANK = re.compile(r"pair_rank = (\d+)")
+BACKWARD_COLLECTIVE = "the gradient all-reduce in backward()"
+# Paddle's launcher polls its ranks every second and, seeing one failed, stops the others with SIGTERM and
+# names the first failed rank: a survivor that ended at once was named instead of the rank that was lost.
+LAUNCHER_NOTICE_SECONDS = 3.0
+
+
+def lost_peer_collective(err: BaseException):
+    """The ``paddle.distributed`` call during which ``err`` (a gloo I/O error: a peer's connection closed or
+    was reset) was raised, e.g. ``all_reduce``; None when ``err`` is something else."""
+    if not isinstance(err, RuntimeError) or GLOO_TRANSPORT not in str(err):
+        return None
+    frames = traceback.extract_tb(err.__traceback__)
+    calls = [f.name for f in frames if f"{os.sep}paddle{os.sep}distributed{os.sep}" in f.filename
+             and not f.name.startswith("_")]
+    return calls[-1] if calls else "a collective"
+
+
+def lost_peer(message: str = "") -> str:
+    """Who a lost connection was to, as far as this rank can tell: the ``pair_rank`` of Paddle's gloo message,
+    else with two ranks the other one."""
+    named = PAIR_RANK.search(message)
+    if named:
+        return f"rank {named.group(1)} of {world_size()}"
+    if world_size() == 2:
+        return f"rank {1 - rank()} of 2"
+    return f"a peer rank of the {world_size()} (the launcher's log names it)"
+
+
+def end_after_lost_peer(line: str, cleanup) -> None:
+    """Print ``error: line``, run ``cleanup()`` and end this process with :data:`PEER_LOST_EXIT_CODE`, after
+    giving the launcher time to notice the lost rank; its SIGTERM ends the wait quietly (Paddle's own SIGTERM
+    handler prints a C++ traceback). Exits without unwinding: it is also called from ``std::terminate``."""
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):  # nothing may stop the exit (an exception would end in the abort)
+        cleanup()
+    logging.shutdown()
+    sys.stdout.flush()
+    with contextlib.suppress(ValueError):  # only the main thread can set a handler
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(PEER_LOST_EXIT_CODE))
+    time.sleep(LAUNCHER_NOTICE_SECONDS)
+    os._exit(PEER_LOST_EXIT_CODE)
+
+
+class _GlooTerminateHook:
+    """``std::set_terminate`` for the gloo errors Paddle cannot hand to Python. A peer lost during
+    ``loss.backward()`` makes DataParallel's gradient all-reduce throw ``gloo::IoException`` inside the
+    backward call, and ``ThrowExceptionToPython`` (paddle/fluid/pybind/exception.cc) converts only Paddle's own
+    exception types: the gloo one escapes into CPython and ends in ``std::terminate`` (abort, a C++ traceback).
+    This handler, called there on the same thread, hands gloo's peer errors to ``on_peer_error``; any other
+    exception goes on to the previous handler."""
+
+    def __init__(self, on_peer_error):
+        self.on_peer_error = on_peer_error
+        libstdcxx = ctypes.CDLL("libstdc++.so.6")  # the one Paddle's libraries are linked to (already loaded)
+        self._set = libstdcxx._ZSt13set_terminatePFvvE  # std::set_terminate(void (*)())
+        self._set.restype, self._set.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+        # the std::type_info of the exception in flight (getattr: a class body would mangle the name)
+        self._type = getattr(libstdcxx, "__cxa_current_exception_type")
+        self._type.restype = ctypes.c_void_p
+        self._callback = ctypes.CFUNCTYPE(None)(self._on_terminate)  # kept: the C side holds only its address
+        self._previous = self._set(ctypes.cast(self._callback, ctypes.c_void_p))
+
+    def _exception_type(self) -> bytes:
+        info = self._type()  # a std::type_info: its vtable pointer, then its mangled name
+        return ctypes.c_char_p.from_address(info + ctypes.sizeof(ctypes.c_void_p)).value if info else b""
+
+    def _on_terminate(self):
+        if self._exception_type() in GLOO_PEER_ERRORS:
+            self.on_peer_error()
+        if self._previous:
+            ctypes.CFUNCTYPE(None)(self._previous)()
+
+    def remove(self) -> None:
+        self._set(self._previous)
+
+
+@contextlib.contextmanager
+def stop_on_lost_peer(explain, cleanup=lambda: None):
+    """Inside, a collective that finds a peer rank gone (killed, crashed) ends this rank with the one line
+    ``explain(collective, gloo's message)`` and exit code 6 (:func:`end_after_lost_peer`) instead of a gloo
+    traceback or a C++ abort."""
+    if world_size() <= 1:
+        yield
+        return
+    try:
+        hook = _GlooTerminateHook(lambda: end_after_lost_peer(explain(BACKWARD_COLLECTIVE, ""), cleanup))
+    except (OSError, AttributeError):  # no libstdc++.so.6 with those symbols (not Linux): Paddle's abort stays
+        hook = None
+    try:
+        yield
+    except RuntimeError as err:
+        collective = lost_peer_collective(err)
+        if collective is None:
+            raise
+        end_after_lost_peer(explain(collective, str(err)), cleanup)
+    finally:
+        if hook is not None:
+            hook.remove()

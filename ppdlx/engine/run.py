@@ -210,7 +210,7 @@ class TrainingRun:
         trainer = Trainer(self.step, self.build_hooks(), train_loader=self.data.train_loader, epochs=cfg.train.epochs,
                           accumulate=cfg.train.accumulate, steps_per_epoch=cfg.train.steps_per_epoch,
                           log_interval=cfg.global_.log_interval, max_nonfinite_steps=cfg.train.max_nonfinite_steps,
-                          rank=env.rank, world_size=env.world_size)
+                          rank=env.rank, world_size=env.world_size, output_dir=cfg.global_.output_dir)
         trainer.plan = self.plan  # for reports; the loop does not read it
         return trainer
 

@@ -98,8 +98,9 @@ class Trainer:
 
     def __init__(self, step: Step, hooks: Iterable = (), *, train_loader, epochs: int, accumulate: int = 1,
                  steps_per_epoch: Optional[int] = None, log_interval: int = 10, max_nonfinite_steps: int = 10,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, output_dir: Optional[str] = None):
         self.step = step
+        self.output_dir = output_dir  # where the checkpoints are (named when a peer rank is lost)
         self.train_loader, self.epochs, self.accumulate = train_loader, epochs, accumulate
         self.steps_per_epoch, self.log_interval = steps_per_epoch, log_interval
         self.rank, self.world_size = rank, world_size
@@ -175,14 +176,32 @@ class Trainer:
                 self.check_weights(self.epoch + 1)
 
     def fit(self) -> dict:
-        self.call_hooks("before_train")
-        while self.epoch < self.epochs:
-            self.train_one_epoch()
-            self.epoch += 1
-            self.epoch_metrics, self.improved = {}, False
-            self.call_hooks("after_epoch")
-        self.call_hooks("after_train")
+        with dist.stop_on_lost_peer(self.lost_peer_line, cleanup=self._release_output_dir):
+            self.call_hooks("before_train")
+            while self.epoch < self.epochs:
+                self.train_one_epoch()
+                self.epoch += 1
+                self.epoch_metrics, self.improved = {}, False
+                self.call_hooks("after_epoch")
+            self.call_hooks("after_train")
         return self.last_metrics
+
+    def lost_peer_line(self, collective: str, message: str) -> str:
+        """What this rank says when a peer rank is lost (``message``: gloo's): which rank, during what, and how
+        to go on."""
+        lost = f"{dist.lost_peer(message)} was lost (its connection closed during {collective})"
+        try:
+            path, epoch, _ = ckpt.newest_complete(self.output_dir) if self.output_dir else (None, None, None)
+        except PpdlxError:  # a refused (planted) file: nothing to recommend resuming from
+            path = None
+        if path is None:
+            return f"{lost}; no checkpoint is complete yet: rerun the same command to start again"
+        return (f"{lost}; {path} (epoch {epoch}) is the newest complete checkpoint: rerun the same command with "
+                f"train.resume=auto to continue from it")
+
+    def _release_output_dir(self) -> None:
+        if self.output_dir:
+            ckpt.release_output_dir(self.output_dir)
 
     def check_weights(self, epoch: int) -> None:
         """Raise :class:`NonFiniteWeightsError` if any copy of a weight (parameter, AMP master, EMA

@@ -6,11 +6,14 @@ final weights and statistics (``rank<N>.npz``) and counters (``rank<N>.json``) t
 = always), the way a bad batch on one device looks; the other ranks see finite losses.
 ``--node-local``: each rank's ``global.output_dir`` is the given one plus ``/node<rank>``, what ranks on
 nodes with their own disks see of one path.
-usage: dp_worker.py OUT_DIR CONFIG [--nan-on-rank1 CALLS] [--node-local] -o KEY=VALUE ...
+``--kill-rank1-at CALL``: rank 1 kills itself with SIGKILL at that training batch (1-based, counted from this
+process's start), once per OUT_DIR (a marker file there): a rank lost mid-epoch, not again after a restart.
+usage: dp_worker.py OUT_DIR CONFIG [--nan-on-rank1 CALLS] [--node-local] [--kill-rank1-at CALL] -o KEY=VALUE ...
 """
 import argparse
 import json
 import os
+import signal
 import sys
 
 import numpy as np
@@ -28,6 +31,7 @@ def main():
     parser.add_argument("config")
     parser.add_argument("--nan-on-rank1", default="")
     parser.add_argument("--node-local", action="store_true")
+    parser.add_argument("--kill-rank1-at", type=int, default=0)
     parser.add_argument("-o", nargs="+", default=[])
     args = parser.parse_args()
     overrides = args.o
@@ -50,6 +54,18 @@ def main():
             return (loss * float("nan") if calls is None or len(seen) in calls else loss), n
 
         trainer.step.objective = poisoned
+    marker = os.path.join(args.out_dir, "rank1.killed")
+    if args.kill_rank1_at and trainer.rank == 1 and not os.path.exists(marker):
+        objective, calls = trainer.step.objective, []
+
+        def killed(model, batch, epoch, step):
+            calls.append(step)
+            if len(calls) == args.kill_rank1_at:
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return objective(model, batch, epoch, step)
+
+        trainer.step.objective = killed
     try:
         metrics = trainer.fit()
     except PpdlxError as err:
