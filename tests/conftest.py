@@ -66,8 +66,9 @@ def demo_run(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def fruit_run(tmp_path_factory):
-    """The fruit overfit (configs/demo/efficientdet_fruit_overfit.yaml on paddlelabel's 4 labelled photos),
-    trained once per session through tools/train.py: ``{"config", "data", "run", "report", "seconds"}``."""
+    """The fruit overfit (configs/demo/efficientdet_fruit_overfit.yaml on paddlelabel's 4 labelled photos, their
+    category ids renumbered 2 and 5), trained once per session through tools/train.py: the trained detector of
+    every test that needs one, ``{"config", "data", "run", "report", "seconds"}``."""
     import importlib.util
     import json
     import subprocess
@@ -81,6 +82,16 @@ def fruit_run(tmp_path_factory):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "paddlelabel_to_coco.py"), "--output",
                            str(data)], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # category ids 1, 2 -> 2, 5 (same order, so the same class indices and the same training): ids with gaps,
+    # as COCO's, so every test of this detector (--verify's AP parity, deploy) also checks that class indices
+    # map back to category ids by lookup
+    for path in (data / "annotations").glob("instances_*.json"):
+        coco = json.loads(path.read_text(encoding="utf-8"))
+        new_id = {c["id"]: new for c, new in zip(sorted(coco["categories"], key=lambda c: c["id"]), (2, 5))}
+        assert len(new_id) == 2, coco["categories"]
+        coco["categories"] = [dict(c, id=new_id[c["id"]]) for c in coco["categories"]]
+        coco["annotations"] = [dict(a, category_id=new_id[a["category_id"]]) for a in coco["annotations"]]
+        path.write_text(json.dumps(coco, ensure_ascii=False), encoding="utf-8")
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train.py"), "-c", config, "--report",
                            str(out / "report.json"), "-o", f"data.root={data}", f"global.output_dir={out / 'run'}"],
