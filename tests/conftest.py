@@ -99,3 +99,35 @@ def fruit_run(tmp_path_factory):
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     return {"config": config, "data": data, "run": out / "run", "seconds": time.perf_counter() - start,
             "report": json.loads((out / "report.json").read_text())}
+
+
+# the short detection run: the demo recipe on ``small_shapes`` at 64 px, 4 images per step, in process
+SHORT_DETECTOR_OVERRIDES = ["data.coco.image_size=64", "data.workers=0", "detection.pre_nms_top_k=300",
+                            "data.batch_size=4", "lr.base_lr=0.1", "lr.base_batch=4", "lr.warmup_epochs=0.5",
+                            "ema.enabled=false", "detection.bn_momentum=0.9"]
+
+
+@pytest.fixture(scope="session")
+def small_shapes(tmp_path_factory):
+    """16 train / 5 val synthetic shapes images (56-80 px, 1-2 large objects each, category ids 1, 3, 7)."""
+    from ppdlx.data.synthetic_coco import make_synthetic_coco
+    root = str(tmp_path_factory.mktemp("small_shapes"))
+    make_synthetic_coco(root, num_train=16, num_val=5, seed=1, size_range=(56, 80), object_range=(0.35, 0.7),
+                        max_objects=2)
+    return root
+
+
+@pytest.fixture(scope="session")
+def short_detector_run(small_shapes, tmp_path_factory):
+    """EfficientDet-D0 trained once per session with configs/demo/efficientdet_demo.yaml on ``small_shapes``
+    for 3 epochs (12 steps, every step logged, evaluated at the end) by ``ppdlx.engine.run.train``:
+    ``{"root", "run", "report", "overrides"}``; ``overrides`` are the data and model settings it was trained
+    with (add an output_dir and model.weights to evaluate it)."""
+    from ppdlx.config import load_config
+    from ppdlx.engine.run import train
+    run = str(tmp_path_factory.mktemp("short_detector") / "run")
+    overrides = [f"data.root={small_shapes}", *SHORT_DETECTOR_OVERRIDES]
+    config = os.path.join(ROOT, "configs", "demo", "efficientdet_demo.yaml")
+    report = train(load_config(config, overrides + [f"global.output_dir={run}", "train.epochs=3", "eval.interval=3",
+                                                    "global.log_interval=1"]))
+    return {"root": small_shapes, "run": run, "report": report, "overrides": overrides}
