@@ -131,3 +131,28 @@ def short_detector_run(small_shapes, tmp_path_factory):
     report = train(load_config(config, overrides + [f"global.output_dir={run}", "train.epochs=3", "eval.interval=3",
                                                     "global.log_interval=1"]))
     return {"root": small_shapes, "run": run, "report": report, "overrides": overrides}
+
+
+@pytest.fixture(scope="session")
+def random_detector_export(tmp_path_factory):
+    """EfficientDet-D0 as configs/demo/efficientdet_demo.yaml builds it (64 px, random weights, seed 0, no frozen
+    BatchNorm) with its class head's biases spread so scores differ (an untrained head scores every anchor
+    0.01), exported once per session with ONNX and checked at batch 2 (the ONNX export test and the Triton
+    serving tests read it): ``{"dir", "cfg", "model", "shapes", "report"}``; ``shapes``: 2 train / 3 val images."""
+    import numpy as np
+    import paddle
+    from ppdlx.config import load_config
+    from ppdlx.data.synthetic_coco import make_synthetic_coco
+    from ppdlx.export import export_model
+    from ppdlx.tasks import task_of
+    base = tmp_path_factory.mktemp("random_detector")
+    make_synthetic_coco(str(base / "shapes"), num_train=2, num_val=3)
+    cfg = load_config(os.path.join(ROOT, "configs", "demo", "efficientdet_demo.yaml"),
+                      [f"data.root={base / 'shapes'}", "detection.freeze_bn_max_pixels=0"])
+    paddle.seed(0)
+    model = task_of(cfg).build_model(cfg, 3)
+    model.eval()
+    bias = dict(model.named_parameters())["class_net.predict.pointwise.bias"]
+    bias.set_value(paddle.to_tensor(np.random.default_rng(0).normal(-1.5, 1.5, bias.shape).astype("float32")))
+    report = export_model(cfg, output_dir=str(base / "export"), model=model, onnx=True, check_batch_sizes=(2,))
+    return {"dir": base / "export", "cfg": cfg, "model": model, "shapes": base / "shapes", "report": report}

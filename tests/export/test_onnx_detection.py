@@ -64,28 +64,29 @@ def _detector(shapes, *overrides):
     return cfg, model
 
 
-def test_efficientdet_exports_to_onnx_and_runs_in_onnxruntime(shapes, tmp_path):
-    cfg, model = _detector(shapes)
-    report = export_model(cfg, output_dir=str(tmp_path), model=model, onnx=True, check_batch_sizes=(2,))
+def test_efficientdet_exports_to_onnx_and_runs_in_onnxruntime(random_detector_export):
+    """The demo config's detector at 64 px (conftest ``random_detector_export``, shared with the Triton tests)."""
+    cfg, model, model_dir = (random_detector_export[k] for k in ("cfg", "model", "dir"))
+    report = random_detector_export["report"]
     assert report["checks"]["onnxruntime_bs2_max_abs_diff"] <= 1e-4
-    meta = D.load_meta(str(tmp_path))
+    meta = D.load_meta(str(model_dir))
     assert meta["model"]["onnx_file"] == "inference.onnx"
     assert meta["labels"] == ["circle", "square", "triangle"]  # COCO category names, in id order (1, 3, 7)
     assert [o["role"] for o in meta["onnx"]["outputs"]] == ["candidate_boxes", "candidate_scores", "candidate_classes"]
     assert meta["onnx"]["nms"] == {"type": "multiclass_nms3", "score_threshold": 0.001, "iou_threshold": 0.5,
                                    "keep_top_k": 100, "nms_top_k": -1, "normalized": True, "box_coords": "input",
                                    "clip_to_input_hw": [64, 64]}
-    graph = onnx.load(str(tmp_path / "inference.onnx")).graph
+    graph = onnx.load(str(model_dir / "inference.onnx")).graph
     weights = {t.name for t in graph.initializer}
     convs = [n for n in graph.node if n.op_type == "Conv"]
     assert convs and all(n.input[1] in weights for n in convs)  # initializers, not Constant nodes
-    images = [D.load_image(p) for p in sorted((shapes / "val").glob("*.jpg"))[:3]]
-    session_outputs = D.OnnxPredictor(str(tmp_path), threads=1).run(D.Preprocessor(meta).feeds(images))
+    images = [D.load_image(p) for p in sorted((random_detector_export["shapes"] / "val").glob("*.jpg"))[:3]]
+    session_outputs = D.OnnxPredictor(str(model_dir), threads=1).run(D.Preprocessor(meta).feeds(images))
     from ppdlx.models.detection.det_postprocess import EfficientDetPostProcess
     k = min(cfg.detection.pre_nms_top_k, EfficientDetPostProcess.from_model(model).num_anchors * 3)
     assert [list(o.shape) for o in session_outputs] == [[3, k, 4], [3, k], [3, k]]
-    on_paddle = D.Pipeline.open(str(tmp_path), "paddle-cpu", threads=1).run(images)
-    on_onnx = D.Pipeline.open(str(tmp_path), "onnxruntime", threads=1).run(images)
+    on_paddle = D.Pipeline.open(str(model_dir), "paddle-cpu", threads=1).run(images)
+    on_onnx = D.Pipeline.open(str(model_dir), "onnxruntime", threads=1).run(images)
     assert [(o.shape, o.dtype) for o in on_onnx] == [(o.shape, o.dtype) for o in on_paddle]
     assert on_onnx[3].tolist() == on_paddle[3].tolist()  # as many kept boxes per image
 
