@@ -108,23 +108,18 @@ def test_eval_analysis_per_class_numbers_equal_scikit_learn(trained, tiny_tree, 
         assert os.path.basename(os.path.dirname(error["path"])) == error["true"]
 
 
-def test_eval_analysis_of_a_detector_has_pycocotools_per_category_ap(tmp_path):
+def test_eval_analysis_of_a_detector_has_pycocotools_per_category_ap(short_detector_run, tmp_path):
+    """The evaluation's per-category analysis (``evaluate(cfg, analysis_dir)``, what tools/eval.py --analysis
+    runs) of the session's short detector run (conftest ``short_detector_run``)."""
     pytest.importorskip("matplotlib")
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    from ppdlx.data.synthetic_coco import make_synthetic_coco
-    from ppdlx.engine.run import evaluate, train
-    root = str(tmp_path / "shapes")
-    make_synthetic_coco(root, num_train=16, num_val=5, seed=1, size_range=(56, 80), object_range=(0.35, 0.7),
-                        max_objects=2)
-    base = [f"data.root={root}", "data.coco.image_size=64", "data.workers=0", "detection.pre_nms_top_k=300",
-            "data.batch_size=4", "lr.base_lr=0.1", "lr.base_batch=4", "lr.warmup_epochs=0.5", "ema.enabled=false",
-            "detection.bn_momentum=0.9"]
-    run = str(tmp_path / "run")
-    train(load_config(DET_DEMO, base + [f"global.output_dir={run}", "train.epochs=3", "eval.interval=3"]))
+    from ppdlx.engine.run import evaluate
+    root, run = short_detector_run["root"], short_detector_run["run"]
     ev_dir = str(tmp_path / "ev")
-    report = evaluate(load_config(DET_DEMO, base + [f"global.output_dir={ev_dir}", f"model.weights={run}/latest"]),
+    report = evaluate(load_config(DET_DEMO, short_detector_run["overrides"] + [f"global.output_dir={ev_dir}",
+                                                                               f"model.weights={run}/latest"]),
                       str(tmp_path / "an"))
     per_category = report["analysis"]["per_category"]
     assert sorted(per_category) == ["circle", "square", "triangle"]

@@ -14,14 +14,10 @@ import sys
 import threading
 
 import numpy as np
-import paddle
 import pytest
 from PIL import Image
 
 from benchmarks.infer import load_deploy_module
-from ppdlx.config import load_config
-from ppdlx.data.synthetic_coco import make_synthetic_coco
-from ppdlx.tasks import task_of
 from ppdlx.export import export_model
 from tests.conftest import make_digits_tree
 from tests.deploy.test_infer import real_photos
@@ -45,25 +41,16 @@ needs_server = pytest.mark.skipif(bool(MISSING), reason=f"{' and '.join(MISSING)
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory):
+def exports(random_detector_export, tmp_path_factory):
     """The two exports, with ONNX files (the ensemble configs read them): ResNet50 at 32 px with its
     classifier scaled so logits are O(1), and EfficientDet-D0 at 64 px with its class head's biases
-    spread so scores differ (an untrained head scores every anchor 0.01)."""
+    spread so scores differ (conftest ``random_detector_export``: an untrained head scores every anchor 0.01)."""
     root = tmp_path_factory.mktemp("triton_exports")
     cfg = small_cfg("resnet50", **{"model.num_classes": 4, "data.transforms.crop_size": 32,
                                    "data.transforms.resize_short": 36})
     export_model(cfg, output_dir=str(root / "rn50"), model=small_model(cfg), onnx=True, check=False,
                  labels=["zero", "one", "two", "three"])
-    make_synthetic_coco(str(root / "shapes"), num_train=2, num_val=2)
-    cfg = load_config(os.path.join(ROOT, "configs", "demo", "efficientdet_demo.yaml"),
-                      [f"data.root={root / 'shapes'}", "detection.freeze_bn_max_pixels=0"])
-    paddle.seed(0)
-    detector = task_of(cfg).build_model(cfg, 3)
-    detector.eval()
-    bias = dict(detector.named_parameters())["class_net.predict.pointwise.bias"]
-    bias.set_value(paddle.to_tensor(np.random.default_rng(0).normal(-1.5, 1.5, bias.shape).astype("float32")))
-    export_model(cfg, output_dir=str(root / "det"), model=detector, onnx=True, check=False)
-    return {"rn50": str(root / "rn50"), "det": str(root / "det")}
+    return {"rn50": str(root / "rn50"), "det": str(random_detector_export["dir"])}
 
 
 @pytest.fixture(scope="module")

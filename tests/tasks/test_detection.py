@@ -17,26 +17,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DEMO = os.path.join(ROOT, "configs", "demo", "efficientdet_demo.yaml")
 
 
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("shapes"))
-    make_synthetic_coco(root, num_train=16, num_val=5, seed=1, size_range=(56, 80), object_range=(0.35, 0.7),
-                        max_objects=2)
-    return root
-
-
 def _overrides(root, out, *extra):
     return [f"data.root={root}", f"global.output_dir={out}", "data.coco.image_size=64", "data.workers=0",
             "detection.pre_nms_top_k=300", "global.log_interval=1", *extra]
 
 
-def test_short_training_lowers_the_loss_and_eval_reproduces(shapes, tmp_path):
-    from ppdlx.engine.run import evaluate, train
-    out = str(tmp_path / "out")
-    cfg = load_config(DEMO, _overrides(shapes, out, "data.batch_size=4", "train.epochs=3", "lr.base_lr=0.1",
-                                       "lr.base_batch=4", "lr.warmup_epochs=0.5", "ema.enabled=false",
-                                       "eval.interval=3", "detection.bn_momentum=0.9"))
-    report = train(cfg)
+def test_short_training_lowers_the_loss_and_eval_reproduces(short_detector_run, tmp_path):
+    """The session's short run (conftest ``short_detector_run``: 3 epochs of 4 steps, lr 0.1, no EMA)."""
+    from ppdlx.engine.run import evaluate
+    out, report = short_detector_run["run"], short_detector_run["report"]
     lines = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
     losses = [x["loss"] for x in lines if x["kind"] == "train"]
     assert len(losses) == 12
@@ -53,7 +42,8 @@ def test_short_training_lowers_the_loss_and_eval_reproduces(shapes, tmp_path):
     assert dets and {d["category_id"] for d in dets} <= {1, 3, 7}
     assert {d["image_id"] for d in dets} <= {1, 2, 3, 4, 5}
     # evaluate() of the saved weights (no EMA) gives the run's final numbers
-    ev = evaluate(load_config(DEMO, _overrides(shapes, str(tmp_path / "ev"), f"model.weights={out}/latest")))
+    ev = evaluate(load_config(DEMO, _overrides(short_detector_run["root"], str(tmp_path / "ev"),
+                                               f"model.weights={out}/latest")))
     assert set(ev) == {"AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl",
                        "images", "seconds"}
     assert ev["images"] == 5
@@ -61,9 +51,9 @@ def test_short_training_lowers_the_loss_and_eval_reproduces(shapes, tmp_path):
         assert abs(ev[k] - report[k]) < 1e-9
 
 
-def test_num_classes_must_match_the_dataset(shapes, tmp_path):
+def test_num_classes_must_match_the_dataset(small_shapes, tmp_path):
     from ppdlx.engine.run import train
-    cfg = load_config(DEMO, _overrides(shapes, str(tmp_path), "model.num_classes=91"))
+    cfg = load_config(DEMO, _overrides(small_shapes, str(tmp_path), "model.num_classes=91"))
     # the start-of-training data check (ppdlx.analysis.check_before_training) finds it before the loader does
     with pytest.raises(DataError) as err:
         train(cfg)
@@ -95,14 +85,14 @@ def _save_random_weights(path, image_size=64):
     paddle.save(model.state_dict(), path + ".pdparams")
 
 
-def test_sharded_eval_counts_every_image_once(shapes, tmp_path):
+def test_sharded_eval_counts_every_image_once(small_shapes, tmp_path):
     """Two ranks simulated by (rank, world) args: disjoint shards whose union is the val set, and the
     merged detections equal a single-rank run."""
     from ppdlx.data.coco import build_coco_loader
     from ppdlx.evaluation.coco import coco_evaluate, merge_shards
     from ppdlx.tasks.detection import build_detection_model, build_evaluator
     from ppdlx.tasks.preprocess import resolve_preprocessing
-    cfg = resolve_preprocessing(load_config(DEMO, _overrides(shapes, str(tmp_path), "eval.batch_size=2",
+    cfg = resolve_preprocessing(load_config(DEMO, _overrides(small_shapes, str(tmp_path), "eval.batch_size=2",
                                                              "detection.save_results=false")))
     _save_random_weights(str(tmp_path / "w"))
     model = build_detection_model(cfg, 3)
@@ -123,13 +113,13 @@ def test_sharded_eval_counts_every_image_once(shapes, tmp_path):
     assert coco_evaluate(gt, merged, ids) == coco_evaluate(gt, single[0], single[1])
 
 
-def test_two_process_eval_gathers_every_image_once(shapes, tmp_path):
+def test_two_process_eval_gathers_every_image_once(small_shapes, tmp_path):
     """A real 2-process launch (gloo on CPU): rank 0 gathers both shards; the results JSON equals a
     single-process run's."""
     from ppdlx.engine.run import evaluate
     _save_random_weights(str(tmp_path / "w"))
     # precise BN off: its statistics come from precise_bn_batches per rank, so they depend on the world size
-    overrides = _overrides(shapes, str(tmp_path / "d"), f"model.weights={tmp_path}/w", "eval.batch_size=2",
+    overrides = _overrides(small_shapes, str(tmp_path / "d"), f"model.weights={tmp_path}/w", "eval.batch_size=2",
                            "detection.precise_bn_batches=0")
     proc = subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
                            str(tmp_path / "log"), os.path.join(ROOT, "tools", "eval.py"), "-c", DEMO, "--report",
@@ -139,8 +129,9 @@ def test_two_process_eval_gathers_every_image_once(shapes, tmp_path):
     assert proc.returncode == 0, logs[-3000:]
     dist_report = json.loads((tmp_path / "d.json").read_text())
     dist_dets = json.loads((tmp_path / "d" / "detections_val.json").read_text())
-    single_report = evaluate(load_config(DEMO, _overrides(shapes, str(tmp_path / "s"), f"model.weights={tmp_path}/w",
-                                                          "eval.batch_size=2", "detection.precise_bn_batches=0")))
+    single_report = evaluate(load_config(DEMO, _overrides(small_shapes, str(tmp_path / "s"),
+                                                          f"model.weights={tmp_path}/w", "eval.batch_size=2",
+                                                          "detection.precise_bn_batches=0")))
     single_dets = json.loads((tmp_path / "s" / "detections_val.json").read_text())
     assert dist_report["images"] == single_report["images"] == 5
     key = lambda d: (d["image_id"], d["category_id"], round(d["score"], 4), tuple(round(v, 1) for v in d["bbox"]))  # noqa
@@ -165,11 +156,11 @@ def test_freeze_small_bn_keeps_fixed_statistics():
     assert float(model.backbone.stem.bn._mean.abs().max()) > 0  # the others still learn statistics
 
 
-def test_precise_bn_batches_are_training_images_through_the_eval_transform(shapes, tmp_path):
+def test_precise_bn_batches_are_training_images_through_the_eval_transform(small_shapes, tmp_path):
     from ppdlx.data.coco import build_coco_loader
     from ppdlx.tasks.detection import build_precise_bn_loader
     from ppdlx.tasks.preprocess import resolve_preprocessing
-    cfg = resolve_preprocessing(load_config(DEMO, _overrides(shapes, tmp_path, "eval.batch_size=6")))
+    cfg = resolve_preprocessing(load_config(DEMO, _overrides(small_shapes, tmp_path, "eval.batch_size=6")))
     loader = build_precise_bn_loader(cfg, 0, 1, None)
     first = [b[0].numpy() for b in loader]
     again = [b[0].numpy() for b in loader]
