@@ -155,9 +155,10 @@ def qat_meta(model, files, target, headroom) -> dict:
     section = qat_section(model, int8_program_facts(files) if int8_program else None, onnx, ONEDNN_INT8_OPS,
                           {"factor": factor, "reason": headroom[1] if int8_program else "no int8 program"})
     if not int8_program:
-        section["program"] = ("float: the same weights without quantize ops; the detector's post-processing traces "
-                              "into PIR only, whose CPU passes drop quantize ops (docs/int8.md); its int8 graph is "
-                              "inference.onnx")
+        section["program"] = ("float: the QAT model computed in float, its quantization simulated (weights on their "
+                              "int8 grid, activations clipped and rounded to their int8 steps); the detector's "
+                              "post-processing traces into PIR only, whose CPU passes drop quantize ops "
+                              "(docs/int8.md); its int8 graph is inference.onnx")
     return {"precision": "int8", "quantization": section} if int8_program else {"quantization": section}
 
 

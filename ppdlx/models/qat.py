@@ -279,6 +279,47 @@ def without_quanters(model: nn.Layer) -> Iterator[nn.Layer]:
             setattr(layer, attr, value)
 
 
+class SimulatedActivationQuanter(nn.Layer):
+    """An activation quanter's evaluation in plain float ops: clip to the trained range, round to its int8 step
+    (half to even, as the quanters round) and scale back. A float program built with it computes what the QAT
+    model computes; Paddle's fake quantize ops would do the same arithmetic, but they mark a program as
+    quantized to its readers (Paddle Inference's quantization passes, deploy's int8 route)."""
+
+    def __init__(self, quanter: FakeQuanterWithAbsMaxObserverLayer):
+        super().__init__()
+        self.range = max(float(quanter.scales().numpy().reshape(-1)[0]), 1e-12)
+        self.steps = float((1 << (quanter.bit_length() - 1)) - 1)
+
+    def forward(self, x):
+        return paddle.round(paddle.clip(x, -self.range, self.range) * (self.steps / self.range)) * \
+            (self.range / self.steps)
+
+
+@contextlib.contextmanager
+def simulated_quantization(model: nn.Layer) -> Iterator[nn.Layer]:
+    """For the duration, the model computes its quantization in plain float ops: weights hold their
+    fake-quantized values (:func:`quantized_weights`), the weight quanters are off, and every activation
+    quanter is a :class:`SimulatedActivationQuanter` of its trained range. What a float Paddle program of a
+    QAT model is traced from, so that it predicts what the QAT model predicts. Restored on exit."""
+    with quantized_weights(model):
+        saved = []
+        for layer in model.sublayers(include_self=True):
+            if isinstance(layer, QUANTED_LAYERS):
+                saved.append((layer, "weight_quanter", layer.weight_quanter))
+                layer.weight_quanter = None
+                if layer.activation_quanter is not None:
+                    saved.append((layer, "activation_quanter", layer.activation_quanter))
+                    layer.activation_quanter = SimulatedActivationQuanter(layer.activation_quanter)
+            elif isinstance(layer, QuanterStub) and layer._observer is not None:
+                saved.append((layer, "_observer", layer._observer))
+                layer._observer = SimulatedActivationQuanter(layer._observer)
+        try:
+            yield model
+        finally:
+            for layer, attr, value in saved:
+                setattr(layer, attr, value)
+
+
 def layer_scales(model: nn.Layer) -> Dict[str, dict]:
     """Per quantized layer, keyed by its weight's parameter name: the activation range (abs max) and the
     per-channel weight ranges, as numpy arrays: what an ONNX QDQ graph needs. Residual stubs are keyed
