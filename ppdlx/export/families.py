@@ -24,6 +24,8 @@ same program for a classifier, the program up to NMS for a detector (:mod:`ppdlx
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -64,10 +66,16 @@ class ExportGraph:
     postprocess: dict        # inference.yml postprocess section
     compare: Callable = check_close  # (what, reference, outputs, atol, rtol) -> max diff, raises if not close
     activation_headroom: float = 1.0  # an int8 program's widened activation ranges
+    # a QAT model's float program with its quantization simulated (detection_graph): checked against the model
+    # computing the same ops (a rounding step flipped by another kernel's float error moves a quantized network's
+    # detections), simulated_quantization's equivalence with the fake quantize ops is its own (tested)
+    simulated: bool = False
 
     def reference(self, inputs, feeds):
         """What the saved program must reproduce on ``feeds``: the dynamic graph's outputs."""
-        with widened_ranges(self.layer, self.activation_headroom):
+        context = simulated_quantization(self.layer) if self.simulated else \
+            widened_ranges(self.layer, self.activation_headroom)
+        with context:
             return run_dynamic(self.layer, inputs, feeds)
 
 
@@ -121,7 +129,7 @@ def detection_graph(model, spec: dict, output_dir: str, data_format: str, fmt: s
                    "nms_iou_threshold": float(post.iou_threshold), "pre_nms_top_k": int(post.pre_nms_top_k),
                    "nms_score_threshold": float(post.score_threshold)}
     return ExportGraph(files, DetectorForExport(model, post), inputs, list(DETECTION_ROLES), postprocess,
-                       check_detections_close)
+                       check_detections_close, simulated=is_quantized(model))
 
 
 GRAPHS: Dict[str, Callable[..., ExportGraph]] = {"classification": classification_graph,
@@ -159,6 +167,9 @@ class OnnxTarget:
     inputs: List[dict]
     compare: Callable
     meta_section: Optional[dict]  # inference.yml "onnx" section when the graph differs from the program's
+    # the arithmetic the reference computes in: a QAT detector's QDQ graph is checked against the model computing
+    # its Q/DQ nodes' (simulated_quantization with onnx=True)
+    reference_context: Callable = contextlib.nullcontext
 
 
 def qdq_onnx(model, save_float: Callable[[str], ModelFiles], onnx_file: str, opset: int) -> dict:
@@ -209,8 +220,10 @@ def detection_onnx(graph: ExportGraph, spec: dict, onnx_file: str, data_format: 
     section = onnx_section(runner.output_names, inputs, graph.layer.postprocess)
     if qdq:
         section["qdq"] = qdq
-    return OnnxTarget(onnx_file, runner, layer, inputs,
-                      quantized_check(check_candidates_close) if qdq else check_candidates_close, section)
+    if qdq:
+        return OnnxTarget(onnx_file, runner, layer, inputs, quantized_check(check_candidates_close), section,
+                          functools.partial(simulated_quantization, graph.layer.model, onnx=True))
+    return OnnxTarget(onnx_file, runner, layer, inputs, check_candidates_close, section)
 
 
 ONNX_TARGETS: Dict[str, Callable[..., OnnxTarget]] = {"classification": classification_onnx,
