@@ -24,7 +24,9 @@ def main():
                              "a qat.enabled classifier: its int8 program)")
     parser.add_argument("--labels", help="class names, one per line (default: the data's class folders / COCO "
                                          "categories, else classes.json next to model.weights)")
-    parser.add_argument("--no-check", action="store_true", help="skip the Paddle Inference vs dynamic check")
+    parser.add_argument("--no-check", action="store_true",
+                        help="skip the checks on random inputs against the dynamic model (Paddle Inference and, with "
+                             "--onnx, onnxruntime); --verify still runs")
     parser.add_argument("--atol", type=float, default=1e-4, help="check tolerance: atol + rtol * max|output|")
     parser.add_argument("--rtol", type=float, default=1e-4)
     parser.add_argument("--trt-opt-batch", type=int, help="TRT shape range opt batch written to inference.yml")

@@ -16,7 +16,10 @@ def recompute_bn_stats(model, loader, num_batches: int) -> int:
     statistics over ``num_batches`` training batches, computed with the current weights (the
     momentum-averaged statistics lag behind fast-changing weights in short runs). Each batch weighs
     by its images, over all ranks: every rank joins the reduction, one whose shard gave no batch
-    too, and divides by the images of all ranks, so they all hold the same statistics. Returns the
+    too, and divides by the images of all ranks, so they all hold the same statistics. Only the
+    BatchNorm layers run in training mode, the rest computes as it is evaluated: dropout and drop-path
+    off, and a quantization-aware model's activation ranges fixed (its quanters in training mode would
+    move them to these batches', and an evaluation would change the model it scores). Returns the
     number of batches this rank used."""
     bns = [layer for layer in model.sublayers(include_self=True)
            if isinstance(layer, _BatchNormBase) and not getattr(layer, "_use_global_stats", False)]
@@ -28,10 +31,11 @@ def recompute_bn_stats(model, loader, num_batches: int) -> int:
     momenta = [bn._momentum for bn in bns]
     sums = [paddle.zeros_like(t) for t in statistics()]
     was_training = model.training
-    model.train()
+    model.eval()
     used = images = 0
     try:
         for bn in bns:
+            bn.train()
             bn._momentum = 0.0  # running stats := this batch's stats
         for batch in loader:
             size = int(batch[0].shape[0])
@@ -44,8 +48,7 @@ def recompute_bn_stats(model, loader, num_batches: int) -> int:
     finally:
         for bn, m in zip(bns, momenta):
             bn._momentum = m
-        if not was_training:
-            model.eval()
+        model.train(was_training)
     flat = paddle.concat([t.reshape([-1]) for t in sums] + [paddle.to_tensor([float(images)], sums[0].dtype)])
     if dist.world_size() > 1:
         pdist.all_reduce(flat)

@@ -18,7 +18,7 @@ from ppdlx.engine.step import check_finite_weights
 from ppdlx.errors import ConfigError, UnsupportedError, paddle_error_line
 from ppdlx.export.families import default_format, export_graph, export_onnx_target
 from ppdlx.export.files import ensure_output_dir, file_records, publish_export, staged_export
-from ppdlx.export.int8 import int8_program_facts, is_quantized_program, qat_section
+from ppdlx.export.int8 import SIMULATED_INT8, int8_program_facts, is_quantized_program, qat_section
 from ppdlx.export.meta import META_FILE, TRT_MIN_SUBGRAPH_SIZE, build_meta, trt_suggestion, write_meta
 from ppdlx.export.onednn_int8 import ONEDNN_INT8_OPS, default_headroom
 from ppdlx.export.paddle_export import PaddleInferenceRunner, random_feeds, run_dynamic
@@ -155,9 +155,11 @@ def qat_meta(model, files, target, headroom) -> dict:
     section = qat_section(model, int8_program_facts(files) if int8_program else None, onnx, ONEDNN_INT8_OPS,
                           {"factor": factor, "reason": headroom[1] if int8_program else "no int8 program"})
     if not int8_program:
-        section["program"] = ("float: the same weights without quantize ops; the detector's post-processing traces "
-                              "into PIR only, whose CPU passes drop quantize ops (docs/int8.md); its int8 graph is "
-                              "inference.onnx")
+        section["program_numerics"] = SIMULATED_INT8
+        section["program"] = ("float: the QAT model computed in float, its quantization simulated (weights on their "
+                              "int8 grid, activations clipped and rounded to their int8 steps); the detector's "
+                              "post-processing traces into PIR only, whose CPU passes drop quantize ops "
+                              "(docs/int8.md); its int8 graph is inference.onnx")
     return {"precision": "int8", "quantization": section} if int8_program else {"quantization": section}
 
 
@@ -206,6 +208,7 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
     ``export_spec`` (see :mod:`ppdlx.export.families`) says what the model is and how it is fed and
     read; without one the config's task plug-in supplies it. ``fmt`` (``pir`` | ``program``) defaults to
     ``pir``, and to ``program`` for a quantization-aware-trained classifier (its int8 program).
+    ``check=False`` skips every check on random inputs, the ONNX file's as well as the program's.
 
     Returns a report: files, I/O, max abs diffs (Paddle Inference and ONNX vs dynamic).
     """
@@ -235,7 +238,9 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
         headroom = int8_headroom(cfg.export.int8_activation_headroom) if is_quantized(model) else None
         graph = export_graph(model, spec, staging, data_format, fmt, headroom[0] if headroom else 1.0)
         files, inputs = graph.files, graph.inputs
-        runner = PaddleInferenceRunner(files, threads=threads, ir_optim=not is_quantized_program(files))
+        # a quantized network's program is checked as written (IR optimisation off: the kernels the dynamic model
+        # ran), where another kernel's float error would flip rounding steps; --verify runs it as deployed
+        runner = PaddleInferenceRunner(files, threads=threads, ir_optim=not is_quantized(model))
         outputs = _program_outputs(runner, inputs, graph.output_roles)
         opt_batch = trt_opt_batch or spec["trt_batches"]["opt_batch"]
         max_batch = max(trt_max_batch or spec["trt_batches"]["max_batch"], opt_batch)
@@ -252,17 +257,17 @@ def export_model(cfg, output_dir: Optional[str] = None, weights: Optional[str] =
             target = export_onnx_target(graph, spec, os.path.join(staging, ONNX_FILE), data_format,
                                         cfg.export.opset, threads)
             report["onnx_file"] = target.file
-        if check or onnx:
+        if check:
             for bs in check_batch_sizes:
                 feeds = random_feeds(inputs, bs)
                 reference = graph.reference(inputs, feeds)
-                if check:
-                    diff = graph.compare(f"Paddle Inference ({files.format}) vs dynamic, batch {bs}", reference,
-                                         _checked_run(runner, feeds, files, data_format), atol, rtol)
-                    report["checks"][f"paddle_inference_bs{bs}_max_abs_diff"] = diff
+                diff = graph.compare(f"Paddle Inference ({files.format}) vs dynamic, batch {bs}", reference,
+                                     _checked_run(runner, feeds, files, data_format), atol, rtol)
+                report["checks"][f"paddle_inference_bs{bs}_max_abs_diff"] = diff
                 if target is not None:
                     same = target.layer is graph.layer and graph.activation_headroom == 1  # ONNX keeps the ranges
-                    onnx_reference = reference if same else run_dynamic(target.layer, target.inputs, feeds)
+                    with target.reference_context():
+                        onnx_reference = reference if same else run_dynamic(target.layer, target.inputs, feeds)
                     diff = target.compare(f"onnxruntime vs dynamic, batch {bs}", onnx_reference,
                                           target.runner.run(feeds), atol, rtol)
                     report["checks"][f"onnxruntime_bs{bs}_max_abs_diff"] = diff

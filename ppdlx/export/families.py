@@ -24,6 +24,8 @@ same program for a classifier, the program up to NMS for a detector (:mod:`ppdlx
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -42,7 +44,8 @@ from ppdlx.export.onnx_qdq import insert_qdq, quantized_check
 from ppdlx.export.paddle_export import (DETECTION_ROLES, INPUT_NAME, SCALE_NAME, ClassifierForExport,
                                         DetectorForExport, image_shape, run_dynamic, save_classifier, save_detector)
 from ppdlx.models.detection.det_postprocess import EfficientDetPostProcess
-from ppdlx.models.qat import is_quantized, layer_scales, quantized_weights, widened_ranges, without_quanters
+from ppdlx.models.qat import (is_quantized, layer_scales, quantized_weights, simulated_quantization, widened_ranges,
+                              without_quanters)
 
 log = logging.getLogger("ppdlx")
 
@@ -62,17 +65,17 @@ class ExportGraph:
     output_roles: List[str]  # one per program output, in order
     postprocess: dict        # inference.yml postprocess section
     compare: Callable = check_close  # (what, reference, outputs, atol, rtol) -> max diff, raises if not close
-    # the program's float twin of a quantized model (see detection_graph): checked against the model run
-    # without its quanters
-    float_twin: bool = False
     activation_headroom: float = 1.0  # an int8 program's widened activation ranges
+    # a QAT model's float program with its quantization simulated (detection_graph): checked against the model
+    # computing the same ops (a rounding step flipped by another kernel's float error moves a quantized network's
+    # detections), simulated_quantization's equivalence with the fake quantize ops is its own (tested)
+    simulated: bool = False
 
     def reference(self, inputs, feeds):
         """What the saved program must reproduce on ``feeds``: the dynamic graph's outputs."""
-        if self.float_twin:
-            with without_quanters(self.layer):
-                return run_dynamic(self.layer, inputs, feeds)
-        with widened_ranges(self.layer, self.activation_headroom):
+        context = simulated_quantization(self.layer) if self.simulated else \
+            widened_ranges(self.layer, self.activation_headroom)
+        with context:
             return run_dynamic(self.layer, inputs, feeds)
 
 
@@ -109,14 +112,14 @@ def detection_graph(model, spec: dict, output_dir: str, data_format: str, fmt: s
         log.info("export: pre_nms_top_k %d -> %d in the exported graph (TensorRT's TopK limit; written to "
                  "inference.yml, which --verify's evaluator reads)", post.pre_nms_top_k, TENSORRT_TOPK_MAX)
         post.pre_nms_top_k = TENSORRT_TOPK_MAX
-    twin = is_quantized(model)
-    if twin:
+    if is_quantized(model):
         # No int8 Paddle program: the detector's post-processing (exp, sum, multiclass_nms3) traces into PIR
         # only, where Paddle Inference's CPU passes delete quantize ops; its int8 graph is the ONNX QDQ file
-        # (docs/int8.md). The program holds the same weights in float.
-        log.info("export: %s is quantization-aware trained; its Paddle program is the float graph of the same "
-                 "weights, its int8 graph the ONNX QDQ file (--onnx)", type(model).__name__)
-        with without_quanters(model):
+        # (docs/int8.md). The program computes the QAT model in float with its quantization simulated: the
+        # same weights without it are another model, whose BatchNorm statistics and activations never met.
+        log.info("export: %s is quantization-aware trained; its Paddle program computes it in float (the "
+                 "quantization simulated), its int8 graph is the ONNX QDQ file (--onnx)", type(model).__name__)
+        with simulated_quantization(model):
             files = save_detector(model, post, output_dir, size, data_format, fmt)
     else:
         files = save_detector(model, post, output_dir, size, data_format, fmt)
@@ -126,7 +129,7 @@ def detection_graph(model, spec: dict, output_dir: str, data_format: str, fmt: s
                    "nms_iou_threshold": float(post.iou_threshold), "pre_nms_top_k": int(post.pre_nms_top_k),
                    "nms_score_threshold": float(post.score_threshold)}
     return ExportGraph(files, DetectorForExport(model, post), inputs, list(DETECTION_ROLES), postprocess,
-                       check_detections_close, float_twin=twin)
+                       check_detections_close, simulated=is_quantized(model))
 
 
 GRAPHS: Dict[str, Callable[..., ExportGraph]] = {"classification": classification_graph,
@@ -135,7 +138,7 @@ GRAPHS: Dict[str, Callable[..., ExportGraph]] = {"classification": classificatio
 
 # The program format an export is saved in when none is asked for, per family, for a quantization-aware-trained
 # model: a classifier's int8 program is a legacy .pdmodel (Paddle Inference runs quantize ops in int8 only there);
-# a detector's program is float (detection_graph), saved as any other.
+# a detector's program is float, its quantization simulated (detection_graph), saved as any other.
 QUANTIZED_FORMATS: Dict[str, str] = {"classification": "program", "detection": "pir"}
 
 
@@ -164,6 +167,9 @@ class OnnxTarget:
     inputs: List[dict]
     compare: Callable
     meta_section: Optional[dict]  # inference.yml "onnx" section when the graph differs from the program's
+    # the arithmetic the reference computes in: a QAT detector's QDQ graph is checked against the model computing
+    # its Q/DQ nodes' (simulated_quantization with onnx=True)
+    reference_context: Callable = contextlib.nullcontext
 
 
 def qdq_onnx(model, save_float: Callable[[str], ModelFiles], onnx_file: str, opset: int) -> dict:
@@ -199,7 +205,7 @@ def detection_onnx(graph: ExportGraph, spec: dict, onnx_file: str, data_format: 
     """The graph up to NMS (:mod:`ppdlx.export.onnx_detection`); NMS runs in the deploy package. A
     quantization-aware-trained detector's is the QDQ graph."""
     folder, size, qdq = os.path.dirname(onnx_file), spec["image_size"], None
-    if graph.float_twin:
+    if is_quantized(graph.layer.model):
         qdq = qdq_onnx(graph.layer.model, lambda _: save_candidates_program(graph.layer, folder, size, data_format)[0],
                        onnx_file, opset)
         _, layer, inputs = save_candidates_program(graph.layer, folder, size, data_format, save=False)
@@ -214,8 +220,10 @@ def detection_onnx(graph: ExportGraph, spec: dict, onnx_file: str, data_format: 
     section = onnx_section(runner.output_names, inputs, graph.layer.postprocess)
     if qdq:
         section["qdq"] = qdq
-    return OnnxTarget(onnx_file, runner, layer, inputs,
-                      quantized_check(check_candidates_close) if qdq else check_candidates_close, section)
+    if qdq:
+        return OnnxTarget(onnx_file, runner, layer, inputs, quantized_check(check_candidates_close), section,
+                          functools.partial(simulated_quantization, graph.layer.model, onnx=True))
+    return OnnxTarget(onnx_file, runner, layer, inputs, check_candidates_close, section)
 
 
 ONNX_TARGETS: Dict[str, Callable[..., OnnxTarget]] = {"classification": classification_onnx,

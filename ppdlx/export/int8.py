@@ -28,6 +28,9 @@ from ppdlx.models.qat import (BITS, NVIDIA_QUANTIZED_OPS, activation_quanters, q
                               widened_ranges)
 
 QDQ_OPS = ("quantize_linear", "dequantize_linear")
+# inference.yml quantization.program_numerics of a QAT export whose Paddle program is float with the quantization
+# simulated (a detector's, ppdlx.export.families.detection_graph)
+SIMULATED_INT8 = "simulated int8"
 
 
 def convert_fake_quant_program(files: ModelFiles) -> Dict[str, int]:

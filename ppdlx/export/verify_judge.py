@@ -187,7 +187,9 @@ def gate(case: dict, evaluator: dict, family: str, max_drop: float, input_max_ab
     colour-blind model can score the same on BGR or wrongly normalised inputs, a deployed one would not."""
     if input_max_abs_diff > INPUT_TOLERANCE:
         return False
-    return JUDGES[family].gate(case, evaluator, max_drop)
+    # a case may be judged at another precision's bar than it runs at (``gate``: a float program of a quantized
+    # network, ppdlx.export.verify.verify_cases)
+    return JUDGES[family].gate({**case, "precision": case.get("gate", case["precision"])}, evaluator, max_drop)
 
 
 class ClassificationJudge:

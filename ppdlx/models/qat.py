@@ -279,6 +279,60 @@ def without_quanters(model: nn.Layer) -> Iterator[nn.Layer]:
             setattr(layer, attr, value)
 
 
+class SimulatedActivationQuanter(nn.Layer):
+    """An activation quanter's evaluation in plain float ops, to the bit: ``round(127 * (1 / range) * x)`` (half to
+    even) saturated to [-128, 127], times ``range``, divided by 127, as Paddle's fake quantize op computes it. A
+    float program built with it computes what the QAT model computes; Paddle's fake quantize ops would do the same,
+    but they mark a program as quantized to its readers (Paddle Inference's quantization passes, deploy's int8
+    route). ``onnx=True``: an ONNX ``QuantizeLinear`` -> ``DequantizeLinear`` pair's arithmetic instead (divide by
+    the scale ``range / 127`` the QDQ graph holds, round, saturate, multiply back), which lands a float ulp away
+    from Paddle's on part of the values."""
+
+    def __init__(self, quanter: FakeQuanterWithAbsMaxObserverLayer, onnx: bool = False):
+        super().__init__()
+        steps = (1 << (quanter.bit_length() - 1)) - 1
+        value_range = np.float32(max(float(quanter.scales().numpy().reshape(-1)[0]), 1e-12))
+        self.onnx, self.lowest, self.highest = onnx, float(-steps - 1), float(steps)
+        self.range, self.steps = float(value_range), float(steps)
+        self.gain = float(np.float32(steps) * (np.float32(1) / value_range))
+        self.step = float(np.float32(float(value_range) / steps))  # the QDQ graph's scale (ppdlx.export.onnx_qdq)
+
+    def forward(self, x):
+        def constant(value):
+            return paddle.full([], value, x.dtype)
+        if self.onnx:
+            q = paddle.clip(paddle.round(paddle.divide(x, constant(self.step))), self.lowest, self.highest)
+            return paddle.multiply(q, constant(self.step))
+        q = paddle.clip(paddle.round(paddle.multiply(x, constant(self.gain))), self.lowest, self.highest)
+        return paddle.divide(paddle.multiply(q, constant(self.range)), constant(self.steps))
+
+
+@contextlib.contextmanager
+def simulated_quantization(model: nn.Layer, onnx: bool = False) -> Iterator[nn.Layer]:
+    """For the duration, the model computes its quantization in plain float ops: weights hold their
+    fake-quantized values (:func:`quantized_weights`), the weight quanters are off, and every activation
+    quanter is a :class:`SimulatedActivationQuanter` of its trained range. What a float Paddle program of a
+    QAT model is traced from, so that it predicts what the QAT model predicts; with ``onnx``, the arithmetic
+    of its ONNX QDQ graph instead (:mod:`ppdlx.export.onnx_qdq`: -128 is a step there). Restored on exit."""
+    with quantized_weights(model):
+        saved = []
+        for layer in model.sublayers(include_self=True):
+            if isinstance(layer, QUANTED_LAYERS):
+                saved.append((layer, "weight_quanter", layer.weight_quanter))
+                layer.weight_quanter = None
+                if layer.activation_quanter is not None:
+                    saved.append((layer, "activation_quanter", layer.activation_quanter))
+                    layer.activation_quanter = SimulatedActivationQuanter(layer.activation_quanter, onnx)
+            elif isinstance(layer, QuanterStub) and layer._observer is not None:
+                saved.append((layer, "_observer", layer._observer))
+                layer._observer = SimulatedActivationQuanter(layer._observer, onnx)
+        try:
+            yield model
+        finally:
+            for layer, attr, value in saved:
+                setattr(layer, attr, value)
+
+
 def layer_scales(model: nn.Layer) -> Dict[str, dict]:
     """Per quantized layer, keyed by its weight's parameter name: the activation range (abs max) and the
     per-channel weight ranges, as numpy arrays: what an ONNX QDQ graph needs. Residual stubs are keyed

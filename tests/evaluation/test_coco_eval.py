@@ -10,6 +10,8 @@ import pytest
 
 from ppdlx.data.coco import coco_from_dict
 from ppdlx.evaluation.coco import STAT_KEYS, coco_evaluate, detections_to_coco, merge_shards
+from ppdlx.evaluation.precise_bn import recompute_bn_stats
+from ppdlx.models.qat import activation_quanters, quantize_model
 
 CATS = [{"id": 2, "name": "a"}, {"id": 5, "name": "b"}, {"id": 9, "name": "c"}]
 
@@ -136,6 +138,28 @@ def test_precise_bn_sets_running_stats_to_the_average_batch_stats():
     np.testing.assert_allclose(model[1]._mean.numpy(), mean, rtol=1e-4, atol=1e-5)
     var = np.mean([f.var(axis=(0, 2, 3)) for f in feats], axis=0)
     np.testing.assert_allclose(model[1]._variance.numpy(), var, rtol=0.1)  # biased or unbiased estimate
+
+
+def test_precise_bn_of_a_qat_model_keeps_its_activation_ranges():
+    """Only BatchNorm trains during precise BN: a quantization-aware model's activation ranges stay the trained
+    ones (before: its quanters ran in training mode and moved every range towards the precise-BN batches', so an
+    evaluation changed the model it scored), and the statistics are those of the fake-quantized forward."""
+    paddle.seed(0)
+    model = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 1), paddle.nn.BatchNorm2D(4), paddle.nn.Conv2D(4, 4, 1))
+    quantize_model(model)
+    with paddle.no_grad():
+        model.train()
+        model(paddle.randn([5, 3, 4, 4]))  # trained ranges: those of N(0, 1) inputs
+    model.eval()
+    ranges = [q.scales().numpy().copy() for _, q in activation_quanters(model)]
+    batches = [(paddle.randn([5, 3, 4, 4]) * 10,) for _ in range(2)]  # ten times wider than the trained range
+    assert recompute_bn_stats(model, batches, 2) == 2
+    assert [q.scales().numpy().tolist() for _, q in activation_quanters(model)] == [r.tolist() for r in ranges]
+    assert not model.training
+    with paddle.no_grad():
+        feats = [model[0](b[0]).numpy() for b in batches]  # eval: the input clipped to the trained range
+    mean = np.mean([f.mean(axis=(0, 2, 3)) for f in feats], axis=0)
+    np.testing.assert_allclose(model[1]._mean.numpy(), mean, rtol=1e-4, atol=1e-5)
 
 
 class _FarBoxHead(paddle.nn.Layer):

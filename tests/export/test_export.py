@@ -222,6 +222,20 @@ def test_a_failed_re_export_leaves_the_previous_export_whole(tmp_path, fmt):
         assert os.path.dirname(report[key]) == os.path.abspath(out) and os.path.isfile(report[key]), key
 
 
+def test_no_check_skips_the_onnx_check_as_well(tmp_path):
+    """``check=False`` (``--no-check``) skips every check on random inputs (before: the onnxruntime one still ran
+    and could refuse the export). A negative tolerance fails any check that runs."""
+    cfg = small_cfg("resnet18_bottleneck_tiny")
+    paddle.seed(0)
+    with pytest.raises(ExportCheckError, match="vs dynamic"):
+        export_model(cfg, output_dir=str(tmp_path / "checked"), model=Tiny(), onnx=True, check_batch_sizes=(1,),
+                     atol=-1.0, rtol=0.0)
+    report = export_model(cfg, output_dir=str(tmp_path / "unchecked"), model=Tiny(), onnx=True, check=False,
+                          check_batch_sizes=(1,), atol=-1.0, rtol=0.0)
+    assert report["checks"] == {} and os.path.isfile(report["onnx_file"])
+    assert "export_check" not in read_meta(str(tmp_path / "unchecked"))
+
+
 def test_program_formats_are_detected_from_files(tmp_path):
     paddle.seed(0)
     model = Tiny()

@@ -238,6 +238,18 @@ def test_gate_and_the_order_of_causes():
                                                     "with ppdlx's evaluator on 70.0% of images")
 
 
+def test_a_case_can_be_held_to_another_precisions_bar():
+    """A float program computing a quantized network (a QAT detector's) runs fp32 and is held to the int8 bar
+    (``gate``; before: the key was ignored and it met the fp32 bar, 0.5 AP points, which flipped rounding steps
+    miss)."""
+    from ppdlx.export import verify_judge as J
+    evaluator = {"AP": 0.1517, "AP50": 0.3893}
+    case = {"backend": "paddle-cpu", "precision": "fp32", "AP": 0.1426, "AP50": 0.3788, "agreement": 1.0}
+    assert not J.gate(case, evaluator, "detection", 1.0)
+    assert J.gate({**case, "gate": "int8"}, evaluator, "detection", 1.0)
+    assert not J.gate({**case, "gate": "int8"}, evaluator, "detection", 0.5)
+
+
 def test_a_bf16_miss_is_a_warning_and_a_required_miss_the_failure():
     """bf16 is a precision the predictor runs only when asked or measured faster: outside the gate it
     warns and the export passes; fp32 or onnxruntime outside the gate fail it, bf16 or not."""

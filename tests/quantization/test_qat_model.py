@@ -14,7 +14,7 @@ from ppdlx.checkpoint.files import check_and_set
 from ppdlx.errors import UnsupportedError
 from ppdlx.models import MODELS
 from ppdlx.models.resnet import resnet_tiny
-from ppdlx.models.qat import check_training, layer_scales, refresh_weight_scales, summary
+from ppdlx.models.qat import check_training, layer_scales, refresh_weight_scales, simulated_quantization, summary
 from ppdlx.quantization import NVIDIA_QUANTIZED_OPS, quantize_model, without_quanters
 
 TRACED = ("conv2d", "depthwise_conv2d", "matmul_v2", "elementwise_add")
@@ -119,3 +119,43 @@ def test_every_gpunet_block_is_quantized_and_impossible_combinations_are_one_lin
     with pytest.raises(UnsupportedError, match="amp.level=O2"):
         check_training(True, True, "O2")
     check_training(True, True, "O1")
+
+
+def test_simulated_quantization_computes_the_quanters_and_the_onnx_qdq_arithmetic():
+    """The plain-op simulation a QAT detector's float program is traced from gives the fake quantize ops' output
+    exactly, beyond the range both ways; its ONNX mode gives onnxruntime's QuantizeLinear -> DequantizeLinear with
+    the scale the QDQ graph holds exactly (the export checks the QDQ graph against it: a quantized network carries
+    the float ulp between the two to flipped steps downstream)."""
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper  # optional, as above
+    paddle.seed(0)
+    model = paddle.nn.Sequential(paddle.nn.Conv2D(2, 3, 1))
+    quantize_model(model)
+    model.train()
+    model(paddle.randn([4, 2, 3, 3]))
+    model.eval()
+    x = paddle.to_tensor(np.linspace(-6, 6, 2 * 2 * 4 * 5, dtype="float32").reshape([2, 2, 4, 5]))
+    quanter = model[0].activation_quanter
+    assert float(np.abs(x.numpy()).max()) > 2 * float(quanter.scales().numpy()[0])  # beyond the range both ways
+    with paddle.no_grad():
+        expected = model(x).numpy()
+        with simulated_quantization(model):
+            np.testing.assert_array_equal(model(x).numpy(), expected)
+        with simulated_quantization(model, onnx=True):
+            onnx_semantics = model[0].activation_quanter(x).numpy()
+        paddle_semantics = quanter(x).numpy()
+    step = np.float32(float(quanter.scales().numpy()[0]) / 127)
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])],
+        "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))],
+        [numpy_helper.from_array(np.array(step, np.float32), "s"), numpy_helper.from_array(np.array(0, np.int8), "z")])
+    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+                                   .SerializeToString(), providers=["CPUExecutionProvider"])
+    onnxruntime_out = session.run(None, {"x": x.numpy()})[0]
+    np.testing.assert_array_equal(onnx_semantics, onnxruntime_out)
+    # both saturate at -128; the QAT model's own quanter lands a float ulp away from onnxruntime on some values
+    assert paddle_semantics.min() == onnxruntime_out.min() < -float(quanter.scales().numpy()[0])
+    np.testing.assert_allclose(paddle_semantics, onnxruntime_out, rtol=1e-6)
