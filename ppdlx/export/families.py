@@ -167,7 +167,7 @@ class OnnxTarget:
     inputs: List[dict]
     compare: Callable
     meta_section: Optional[dict]  # inference.yml "onnx" section when the graph differs from the program's
-    # the arithmetic the reference computes in: a QAT detector's QDQ graph is checked against the model computing
+    # the arithmetic the reference computes in: a QAT model's QDQ graph is checked against the model computing
     # its Q/DQ nodes' (simulated_quantization with onnx=True)
     reference_context: Callable = contextlib.nullcontext
 
@@ -195,7 +195,8 @@ def classification_onnx(graph: ExportGraph, spec: dict, onnx_file: str, data_for
         section = {"qdq": qdq_onnx(graph.layer.model, lambda folder: save_classifier(
             graph.layer.model, folder, size, size, data_format, spec["output"], "program"), onnx_file, opset)}
         return OnnxTarget(onnx_file, OnnxRunner(onnx_file, threads, optimize=False), graph.layer, graph.inputs,
-                          quantized_check(check_close), section)
+                          quantized_check(check_close), section,
+                          functools.partial(simulated_quantization, graph.layer.model, onnx=True))
     export_onnx(graph.files, onnx_file, opset=opset)
     return OnnxTarget(onnx_file, OnnxRunner(onnx_file, threads), graph.layer, graph.inputs, check_close, None)
 

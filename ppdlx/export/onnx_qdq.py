@@ -25,11 +25,14 @@ from ppdlx.models.qat import BITS
 
 QMAX = float((1 << (BITS - 1)) - 1)
 WEIGHT_OPS = {"Conv": 1, "MatMul": 1, "Gemm": 1}
-# The export check runs the QDQ graph unfused (onnxruntime without graph optimisations) against the
-# fake-quantized model: the same arithmetic, except where a value sits on a rounding step (ONNX rounds
-# x / (range / 127), Paddle x / range * 127, and ONNX's int8 goes to -128): a step flips and moves the
-# outputs by a fraction of a percent of their range, while a misplaced scale moves them by tens of percent.
-QDQ_CHECK_RTOL = 0.05
+# The export check runs the QDQ graph unfused (onnxruntime without graph optimisations) against the model
+# computing its Q/DQ arithmetic (simulated_quantization with onnx=True) on random inputs. onnxruntime still
+# runs the convolutions between a QuantizeLinear and a DequantizeLinear in integers, exactly, where the model
+# sums floats: a value next to a rounding step lands on the other side, and in a deep network those flips
+# add up layer by layer, more on random inputs than on images. A QuantizeLinear / DequantizeLinear pair whose
+# scales disagree moves the outputs mostly by more; docs/int8.md has both measured, and that the two overlap,
+# so this check is a coarse guard and --verify's agreement on real images is the accuracy gate.
+QDQ_CHECK_RTOL = 0.10
 
 
 def quantized_check(compare: Callable) -> Callable:

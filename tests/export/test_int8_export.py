@@ -15,6 +15,8 @@ import pytest
 import yaml
 
 from ppdlx.export import find_model_files
+from ppdlx.export.onnx_export import ExportCheckError, check_close
+from ppdlx.export.onnx_qdq import quantized_check
 from ppdlx.quantization import ONEDNN_INT8_OPS
 from ppdlx.sparsity import check_path, raise_on_violation
 from ppdlx.sparsity.rules import SparsityRules
@@ -152,3 +154,34 @@ def test_2_4_pattern_survives_qat_into_the_int8_weights(qat_export):
     proc = tool("prune_asp.py", "--check", qat_export["dense_checkpoint"])
     assert proc.returncode == 1 and "violates the 2:4 pattern" in proc.stderr, proc.stderr[-2000:]
     assert find_model_files(qat_export["dir"]).format == "program"
+
+
+def test_the_qdq_check_refuses_a_quantize_dequantize_pair_whose_scales_disagree(qat_export):
+    """The export's random-input check of the QDQ graph (quantized_check) passes the graph the export wrote and
+    refuses the same graph with one DequantizeLinear's scale doubled (its QuantizeLinear's kept)."""
+    import onnx  # optional (ppdlx[onnx]), as in the test above
+    import onnxruntime
+    from onnx import numpy_helper
+    model = onnx.load(os.path.join(qat_export["dir"], "inference.onnx"))
+    feed = model.graph.input[0]
+    x = np.random.default_rng(0).standard_normal([2, 3, 32, 32]).astype("float32")
+
+    def run(graph_model):
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = onnxruntime.InferenceSession(graph_model.SerializeToString(), options,
+                                               providers=["CPUExecutionProvider"])
+        return session.run(None, {feed.name: x})
+
+    written = run(model)
+    first_quantize = next(n for n in model.graph.node if n.op_type == "QuantizeLinear")
+    dequantize = next(n for n in model.graph.node
+                      if n.op_type == "DequantizeLinear" and n.input[0] == first_quantize.output[0])
+    scale = next(t for t in model.graph.initializer if t.name == dequantize.input[1])
+    model.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(scale) * 2, scale.name + ".x2"))
+    dequantize.input[1] = scale.name + ".x2"
+    check = quantized_check(check_close)
+    assert check("same graph", written, run(onnx.load(os.path.join(qat_export["dir"], "inference.onnx"))),
+                 1e-4, 0.0) == 0.0
+    with pytest.raises(ExportCheckError, match="exceeds the tolerance"):
+        check("scales disagree", written, run(model), 1e-4, 0.0)
