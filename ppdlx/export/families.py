@@ -221,7 +221,6 @@ def detection_onnx(graph: ExportGraph, spec: dict, onnx_file: str, data_format: 
     section = onnx_section(runner.output_names, inputs, graph.layer.postprocess)
     if qdq:
         section["qdq"] = qdq
-    if qdq:
         return OnnxTarget(onnx_file, runner, layer, inputs, quantized_check(check_candidates_close), section,
                           functools.partial(simulated_quantization, graph.layer.model, onnx=True))
     return OnnxTarget(onnx_file, runner, layer, inputs, check_candidates_close, section)

@@ -20,7 +20,7 @@ op (the one quant_aware inserts for weights), in dynamic, PIR and legacy-IR prog
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List, Tuple
 
 import numpy as np
 import paddle
@@ -259,24 +259,35 @@ def widened_ranges(model: nn.Layer, factor: float) -> Iterator[nn.Layer]:
             scale.set_value(value)
 
 
-@contextlib.contextmanager
-def without_quanters(model: nn.Layer) -> Iterator[nn.Layer]:
-    """The model without its quanters for the duration: the float network with the same parameters
-    (what the ONNX QDQ export starts from). Restored on exit."""
-    saved = []
+def _quanter_slots(model: nn.Layer) -> Iterator[tuple]:
+    """Every place a quanter sits in ``model``: ``(layer, attribute, "weight" | "activation")``."""
     for layer in model.sublayers(include_self=True):
         if isinstance(layer, QUANTED_LAYERS):
-            saved.append((layer, "weight_quanter", layer.weight_quanter))
-            saved.append((layer, "activation_quanter", layer.activation_quanter))
-            layer.weight_quanter = layer.activation_quanter = None
+            yield layer, "weight_quanter", "weight"
+            yield layer, "activation_quanter", "activation"
         elif isinstance(layer, QuanterStub):
-            saved.append((layer, "_observer", layer._observer))
-            layer._observer = None
+            yield layer, "_observer", "activation"
+
+
+@contextlib.contextmanager
+def _quanters_replaced(model: nn.Layer, replace: Callable) -> Iterator[nn.Layer]:
+    """Each quanter ``q`` of ``model`` replaced by ``replace(kind, q)`` for the duration. Restored on exit."""
+    saved = []
+    for layer, attr, kind in list(_quanter_slots(model)):  # listed first: the walk must not see its replacements
+        quanter = getattr(layer, attr)
+        saved.append((layer, attr, quanter))
+        setattr(layer, attr, replace(kind, quanter))
     try:
         yield model
     finally:
         for layer, attr, value in saved:
             setattr(layer, attr, value)
+
+
+def without_quanters(model: nn.Layer):
+    """The model without its quanters for the duration: the float network with the same parameters
+    (what the ONNX QDQ export starts from). Restored on exit."""
+    return _quanters_replaced(model, lambda kind, quanter: None)
 
 
 class SimulatedActivationQuanter(nn.Layer):
@@ -314,23 +325,12 @@ def simulated_quantization(model: nn.Layer, onnx: bool = False) -> Iterator[nn.L
     quanter is a :class:`SimulatedActivationQuanter` of its trained range. What a float Paddle program of a
     QAT model is traced from, so that it predicts what the QAT model predicts; with ``onnx``, the arithmetic
     of its ONNX QDQ graph instead (:mod:`ppdlx.export.onnx_qdq`: -128 is a step there). Restored on exit."""
-    with quantized_weights(model):
-        saved = []
-        for layer in model.sublayers(include_self=True):
-            if isinstance(layer, QUANTED_LAYERS):
-                saved.append((layer, "weight_quanter", layer.weight_quanter))
-                layer.weight_quanter = None
-                if layer.activation_quanter is not None:
-                    saved.append((layer, "activation_quanter", layer.activation_quanter))
-                    layer.activation_quanter = SimulatedActivationQuanter(layer.activation_quanter, onnx)
-            elif isinstance(layer, QuanterStub) and layer._observer is not None:
-                saved.append((layer, "_observer", layer._observer))
-                layer._observer = SimulatedActivationQuanter(layer._observer, onnx)
-        try:
-            yield model
-        finally:
-            for layer, attr, value in saved:
-                setattr(layer, attr, value)
+    def simulated(kind, quanter):
+        if kind == "weight" or quanter is None:
+            return None
+        return SimulatedActivationQuanter(quanter, onnx)
+    with quantized_weights(model), _quanters_replaced(model, simulated):
+        yield model
 
 
 def layer_scales(model: nn.Layer) -> Dict[str, dict]:
