@@ -141,9 +141,10 @@ def onnx_section(output_names: Sequence[str], inputs: List[dict], postprocess) -
                     "box_coords": "input", "clip_to_input_hw": [int(v) for v in postprocess.input_hw]}}
 
 
-def _tolerance(reference: np.ndarray, atol: float, rtol: float) -> float:
+def _tolerance(reference: np.ndarray, atol: float, rtol: float, scale: float = 0.0) -> float:
+    """``atol + rtol * max(scale, max|reference|)``."""
     finite = reference[np.isfinite(reference)]
-    return atol + rtol * (float(np.max(np.abs(finite))) if finite.size else 0.0)
+    return atol + rtol * max(scale, float(np.max(np.abs(finite))) if finite.size else 0.0)
 
 
 def check_candidates_close(what: str, reference: List[np.ndarray], other: List[np.ndarray], atol: float,
@@ -157,7 +158,8 @@ def check_candidates_close(what: str, reference: List[np.ndarray], other: List[n
     if boxes.shape != ref_boxes.shape or scores.shape != ref_scores.shape or classes.shape != ref_classes.shape:
         raise ExportCheckError(f"{what}: output shapes {[list(o.shape) for o in other]} differ from the "
                                f"reference's {[list(r.shape) for r in reference]}")
-    score_tol, box_tol = _tolerance(ref_scores, atol, rtol), _tolerance(ref_boxes, atol, rtol)
+    # scores are probabilities: relative to their range, 1, not to the largest one random inputs happen to reach
+    score_tol, box_tol = _tolerance(ref_scores, atol, rtol, scale=1.0), _tolerance(ref_boxes, atol, rtol)
     diff = float(np.max(np.abs(scores.astype(np.float64) - ref_scores))) if scores.size else 0.0
     if not diff <= score_tol:
         raise ExportCheckError(f"{what}: candidate scores differ by {diff:.3g} (tolerance {score_tol:.3g})")
@@ -181,10 +183,13 @@ def check_detections_close(what: str, reference: List[np.ndarray], other: List[n
     """The exported program's ``boxes, scores, classes, count`` against the dynamic model's: the
     counts must be equal, the detections are compared as :func:`check_candidates_close` compares
     candidates (random inputs drive a trained head to saturated, tied scores and overflowing boxes,
-    whose order NMS leaves to the implementation)."""
+    whose order NMS leaves to the implementation), both ways: each side's detections must have a counterpart
+    in the other's (equal counts do not make a one-way match two-way)."""
     if len(other) != 4 or len(reference) != 4:
         raise ExportCheckError(f"{what}: {len(other)} outputs, expected boxes, scores, classes, count")
     if other[3].shape != reference[3].shape or not np.array_equal(other[3], reference[3]):
         raise ExportCheckError(f"{what}: detections per image {other[3].tolist()} differ from the reference's "
                                f"{reference[3].tolist()}")
-    return check_candidates_close(what, reference[:3], other[:3], atol, rtol)
+    diff = check_candidates_close(what, reference[:3], other[:3], atol, rtol)
+    check_candidates_close(f"{what}, the reference against it", other[:3], reference[:3], atol, rtol)
+    return diff

@@ -122,14 +122,14 @@ def residual_adds(graph) -> List[tuple]:
 
 def insert_qdq(onnx_file: str, layer_scales: Dict[str, dict], save_file: Optional[str] = None) -> dict:
     """Turn the float ONNX graph in ``onnx_file`` into its QDQ form with ``layer_scales``
-    (:func:`ppdlx.models.qat.layer_scales`: per weight parameter name the activation range and the
-    per-channel weight ranges; residual quanters in forward order). Returns counts."""
+    (:func:`ppdlx.models.qat.layer_scales`: per weight parameter name the activation range, or one per call in
+    graph order, and the per-channel weight ranges; residual quanters in forward order). Returns counts."""
     import onnx  # optional, as above
     model = onnx.load(onnx_file)
     g = _Graph(model)
     weights = {k: v for k, v in layer_scales.items() if v["kind"] != "residual"}
     residuals = [v for v in layer_scales.values() if v["kind"] == "residual"]
-    done = set()
+    calls: Dict[str, int] = {}  # weight name -> its readers so far (a shared convolution's ranges are per call)
     for i, node in enumerate(list(g.graph.node)):
         slot = WEIGHT_OPS.get(node.op_type)
         if slot is None or len(node.input) <= slot or node.input[slot] not in weights:
@@ -138,13 +138,24 @@ def insert_qdq(onnx_file: str, layer_scales: Dict[str, dict], save_file: Optiona
         s = weights[name]
         if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
             raise UnsupportedError(f"ONNX QDQ: Gemm {node.name} takes {name} transposed; not written here")
-        node.input[0] = g.qdq(i, node.input[0], s["activation"], "act")
+        call = calls[name] = calls.get(name, 0) + 1
+        per_call = isinstance(s["activation"], list)
+        if per_call and call > len(s["activation"]):
+            raise UnsupportedError(f"ONNX QDQ: {name} is read by more than the {len(s['activation'])} calls its "
+                                   f"layer has input ranges for: the float graph does not match the QAT model")
+        node.input[0] = g.qdq(i, node.input[0], s["activation"][call - 1] if per_call else s["activation"], "act")
         node.input[slot] = g.int8_weight(i, name, s["weight"], s["weight_axis"])
-        done.add(name)
-    missing = sorted(set(weights) - done)
+    missing = sorted(set(weights) - set(calls))
     if missing:
         raise UnsupportedError(f"ONNX QDQ: {len(missing)} quantized layers have no weight initializer in "
                                f"{onnx_file} (e.g. {missing[0]}): the float graph does not match the QAT model")
+    short = sorted(n for n, s in weights.items()
+                   if isinstance(s["activation"], list) and calls[n] != len(s["activation"]))
+    if short:
+        name = short[0]
+        raise UnsupportedError(f"ONNX QDQ: {name} is read {calls[name]} times, its layer has input ranges for "
+                               f"{len(weights[name]['activation'])} calls: the float graph does not match the QAT "
+                               f"model")
     adds = residual_adds(g.graph)
     if residuals and len(adds) != len(residuals):
         raise UnsupportedError(f"ONNX QDQ: the graph has {len(adds)} adds of two activations, the model "
@@ -156,4 +167,4 @@ def insert_qdq(onnx_file: str, layer_scales: Dict[str, dict], save_file: Optiona
     onnx.checker.check_model(model)
     onnx.save(model, save_file or onnx_file)
     counts = {op: sum(n.op_type == op for n in model.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}
-    return {**counts, "int8_weights": len(done), "residual_adds": len(residuals)}
+    return {**counts, "int8_weights": len(calls), "residual_adds": len(residuals)}

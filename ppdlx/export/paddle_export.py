@@ -144,6 +144,8 @@ class PaddleInferenceRunner:
         config.disable_gpu()
         if onednn and ir_optim:
             (config.enable_onednn if hasattr(config, "enable_onednn") else config.enable_mkldnn)()
+        else:  # a CPU Config starts with oneDNN on (Paddle 3.3.1: onednn_enabled() is True before any call)
+            (config.disable_onednn if hasattr(config, "disable_onednn") else config.disable_mkldnn)()
         if int8_ops:  # a quantised legacy program: its quantize ops' scales become oneDNN int8 kernels
             int8 = config.enable_onednn_int8 if hasattr(config, "enable_onednn_int8") else config.enable_mkldnn_int8
             int8(set(int8_ops))

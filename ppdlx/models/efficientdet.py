@@ -18,7 +18,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
-from ppdlx.layers import BatchNormAct2D, Conv2D, MaxPool2D
+from ppdlx.layers import BatchNormAct2D, CallSiteQuantized, Conv2D, MaxPool2D
 from ppdlx.models.detection.anchors import DEFAULT_ASPECT_RATIOS
 from ppdlx.models.efficientnet import BN_EPS, BN_MOMENTUM, efficientnet_b0
 from ppdlx.models.model_cfg import check_num_classes, detection_cfg
@@ -61,8 +61,14 @@ class SeparableConv(nn.Layer):
         """A new, freshly initialised pointwise conv with ``out_ch`` outputs (the depthwise is kept)."""
         self.pointwise = self._pointwise(self.pointwise._in_channels, out_ch, self.pointwise._data_format)
 
-    def forward(self, x):
-        return self.pointwise(self.depthwise(x))
+    def forward(self, x, depthwise_input=None, pointwise_input=None):
+        """``depthwise_input`` / ``pointwise_input``: the call site's quantization stubs (``HeadNet``)."""
+        if depthwise_input is not None:
+            x = depthwise_input(x)
+        x = self.depthwise(x)
+        if pointwise_input is not None:
+            x = pointwise_input(x)
+        return self.pointwise(x)
 
 
 class ResampleFeatureMap(nn.Layer):
@@ -191,9 +197,10 @@ class BiFPN(nn.Layer):
         return feats
 
 
-class HeadNet(nn.Layer):
+class HeadNet(nn.Layer, CallSiteQuantized):
     """``repeats`` x [separable conv (shared over levels) -> BN (one per level) -> swish] ->
-    separable-conv predictor with ``num_outputs`` channels."""
+    separable-conv predictor with ``num_outputs`` channels. Each convolution's input has a quantization stub per
+    level (``level_inputs[level]``, two per separable conv: identities, no parameters, until QAT)."""
 
     def __init__(self, channels, num_outputs, repeats=3, num_levels=5, bias_init=0.0, data_format="NCHW"):
         super().__init__()
@@ -202,14 +209,21 @@ class HeadNet(nn.Layer):
         self.bns = nn.LayerList([nn.LayerList([_bn(channels, data_format, "swish") for _ in range(num_levels)])
                                  for _ in range(repeats)])
         self.predict = SeparableConv(channels, num_outputs, 3, data_format, init, bias_init)
+        self.level_inputs = nn.LayerList([nn.LayerList([nn.quant.Stub() for _ in range(2 * (repeats + 1))])
+                                          for _ in range(num_levels)])
 
     def forward(self, feats):
         outs = []
         for level, x in enumerate(feats):
-            for conv, bns in zip(self.convs, self.bns):
-                x = bns[level](conv(x))
-            outs.append(self.predict(x))
+            stubs = self.level_inputs[level]
+            for i, (conv, bns) in enumerate(zip(self.convs, self.bns)):
+                x = bns[level](conv(x, stubs[2 * i], stubs[2 * i + 1]))
+            outs.append(self.predict(x, stubs[-2], stubs[-1]))
         return outs
+
+    def site_inputs(self):
+        convs = [conv for sep in [*self.convs, self.predict] for conv in (sep.depthwise, sep.pointwise)]
+        return [(conv, [stubs[i] for stubs in self.level_inputs]) for i, conv in enumerate(convs)]
 
 
 class EfficientDet(nn.Layer):

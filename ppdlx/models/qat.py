@@ -34,6 +34,7 @@ from paddle.quantization.factory import QuanterFactory
 from paddle.quantization.quanters.abs_max import FakeQuanterWithAbsMaxObserverLayer
 
 from ppdlx.errors import UnsupportedError
+from ppdlx.layers.call_sites import site_quantized_convs
 from ppdlx.layers.conv import Conv2D
 
 BITS = 8
@@ -150,16 +151,20 @@ class MovingAverageAbsMaxQuanterLayer(FakeQuanterWithAbsMaxObserverLayer):
         return out
 
 
-def quant_config(moving_rate: float = DEFAULT_MOVING_RATE) -> QuantConfig:
-    """Conv2D / Linear: per-tensor moving-average activations, per-channel weights; residual stubs:
-    per-tensor activations. Nothing else is quantized (no global config)."""
-    activation = MovingAverageAbsMaxQuanter(moving_rate=moving_rate)
+def quant_config(model: nn.Layer, moving_rate: float = DEFAULT_MOVING_RATE) -> QuantConfig:
+    """Conv2D / Linear: per-tensor moving-average activations, per-channel weights; stubs (residual adds, a
+    shared convolution's call sites): per-tensor activations. A convolution whose calls have their own input
+    stubs (``ppdlx.layers.CallSiteQuantized``) has no input quanter of its own. Nothing else is quantized."""
+    activation, weight = MovingAverageAbsMaxQuanter(moving_rate=moving_rate), ChannelWiseAbsMaxQuanter()
     config = QuantConfig(activation=None, weight=None)
     # Paddle's QAT matches a layer's exact type: ppdlx's Conv2D (the one that picks a CPU kernel when built) is a
     # paddle Conv2D to quantize like any other, through Paddle's QuantedConv2D (which runs Paddle's convolution).
-    config.add_type_config([nn.Conv2D, Conv2D, nn.Linear], activation=activation, weight=ChannelWiseAbsMaxQuanter())
+    config.add_type_config([nn.Conv2D, Conv2D, nn.Linear], activation=activation, weight=weight)
     config.add_qat_layer_mapping(Conv2D, QuantedConv2D)
     config.add_type_config(Stub, activation=activation)
+    shared = [conv for conv, _ in site_quantized_convs(model)]
+    if shared:
+        config.add_layer_config(shared, activation=None, weight=weight)
     return config
 
 
@@ -169,18 +174,26 @@ def quantize_model(model: nn.Layer, moving_rate: float = DEFAULT_MOVING_RATE) ->
     ``..._quanter._scale`` / ``._state`` / ``._accum`` entries), so a float checkpoint loads into it."""
     training = model.training
     model.train()  # paddle's QAT insists on a model in training mode
-    QAT(quant_config(moving_rate)).quantize(model, inplace=True)
+    QAT(quant_config(model, moving_rate)).quantize(model, inplace=True)
     if not training:
         model.eval()
     return summary(model)
 
 
+def _site_stubs(model: nn.Layer) -> set:
+    return {id(stub) for _, stubs in site_quantized_convs(model) for stub in stubs}
+
+
 def summary(model: nn.Layer) -> Dict[str, int]:
-    """Counts of quantized layers: ``conv``, ``linear`` and ``residual`` (quantized stubs)."""
+    """Counts of quantized layers: ``conv``, ``linear``, ``residual`` (quantized stubs before residual adds) and
+    ``call_sites`` (quantized stubs before a shared convolution's calls)."""
     layers = model.sublayers(include_self=True)
+    stubs = [m for m in layers if isinstance(m, QuanterStub) and m._observer is not None]
+    sites = _site_stubs(model)
     return {"conv": sum(isinstance(m, QuantedConv2D) for m in layers),
             "linear": sum(isinstance(m, QuantedLinear) for m in layers),
-            "residual": sum(isinstance(m, QuanterStub) and m._observer is not None for m in layers)}
+            "residual": sum(id(m) not in sites for m in stubs),
+            "call_sites": sum(id(m) in sites for m in stubs)}
 
 
 def is_quantized(model: nn.Layer) -> bool:
@@ -333,21 +346,27 @@ def simulated_quantization(model: nn.Layer, onnx: bool = False) -> Iterator[nn.L
         yield model
 
 
+def _range(quanter) -> float:
+    return float(quanter.scales().numpy().reshape(-1)[0])
+
+
 def layer_scales(model: nn.Layer) -> Dict[str, dict]:
-    """Per quantized layer, keyed by its weight's parameter name: the activation range (abs max) and the
-    per-channel weight ranges, as numpy arrays: what an ONNX QDQ graph needs. Residual stubs are keyed
-    by their sublayer name."""
-    scales = {}
+    """Per quantized layer, keyed by its weight's parameter name: the activation range (abs max; a list, one per
+    call, for a convolution quantized at its call sites) and the per-channel weight ranges, as numpy arrays: what
+    an ONNX QDQ graph needs. Residual stubs are keyed by their sublayer name."""
+    scales, sites = {}, _site_stubs(model)
     for name, layer in model.named_sublayers(include_self=True):
         if isinstance(layer, QUANTED_LAYERS):
+            quanter = layer.activation_quanter
             scales[layer.weight.name] = {
                 "layer": name, "kind": "linear" if isinstance(layer, QuantedLinear) else "conv",
-                "activation": float(layer.activation_quanter.scales().numpy().reshape(-1)[0]),
+                "activation": _range(quanter) if quanter is not None else None,
                 "weight": layer.weight_quanter.scales().numpy().astype("float32"),
                 "weight_axis": layer.weight_quanter.quant_axis()}
-        elif isinstance(layer, QuanterStub) and layer._observer is not None:
-            scales[name] = {"layer": name, "kind": "residual",
-                            "activation": float(layer._observer.scales().numpy().reshape(-1)[0])}
+        elif isinstance(layer, QuanterStub) and layer._observer is not None and id(layer) not in sites:
+            scales[name] = {"layer": name, "kind": "residual", "activation": _range(layer._observer)}
+    for conv, stubs in site_quantized_convs(model):
+        scales[conv.weight.name]["activation"] = [_range(stub._observer) for stub in stubs]
     return scales
 
 
@@ -360,7 +379,9 @@ def check_training(enabled: bool, amp_enabled: bool, amp_level: str) -> None:
 
 
 def describe(model: nn.Layer, moving_rate: float) -> str:
-    counts = summary(model)
+    counts, shared = summary(model), len(site_quantized_convs(model))
+    per_call = (f"; {shared} convolutions shared over pyramid levels take one input range per call "
+                f"({counts['call_sites']} in all)") if shared else ""
     return (f"qat: fake quantization on the inputs of {counts['conv']} convolutions and {counts['linear']} linear "
             f"layers (weights per output channel, activations per tensor, moving average at {moving_rate:g}) and "
-            f"{counts['residual']} residual adds")
+            f"{counts['residual']} residual adds{per_call}")

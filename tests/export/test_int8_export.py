@@ -76,7 +76,7 @@ def test_int8_program_holds_what_paddle_trt_explicit_int8_reads(qat_export):
     assert meta["precision"] == "int8" and meta["model"]["format"] == "program"
     q = meta["quantization"]
     assert q["method"] == "qat" and q["onednn_int8_ops"] == list(ONEDNN_INT8_OPS)
-    assert q["quantized_layers"] == {"conv": 17, "linear": 1, "residual": 4}
+    assert q["quantized_layers"] == {"conv": 17, "linear": 1, "residual": 4, "call_sites": 0}
     assert q["program"]["ops_with_quantized_inputs"] == {"conv2d": 17, "matmul_v2": 1, "elementwise_add": 4}
     assert q["onnx"]["int8_weights"] == q["program"]["int8_weights"] == 18
     with paddle.pir_utils.OldIrGuard():

@@ -236,6 +236,10 @@ def test_gate_and_the_order_of_causes():
     assert J.diagnose(detection, ["cat", "dog", "eel"], _Set("detection"), _Trained(0.0), ours_pre, ours_pre,
                       {"AP": 0.7}, None).startswith("weights: on the same inputs the trained model as exported agrees "
                                                     "with ppdlx's evaluator on 70.0% of images")
+    # the float program of a quantized detector, judged at the int8 bar: numerics (before: "weights", although the
+    # export held the model's own weights and only its int8 steps had flipped on inputs a float ulp apart)
+    assert J.diagnose({**detection, "gate": "int8"}, ["cat", "dog", "eel"], _Set("detection"), _Trained(0.0),
+                      ours_pre, ours_pre, {"AP": 0.7}, None).startswith("numerics: on the same inputs onnxruntime fp32")
 
 
 def test_a_case_can_be_held_to_another_precisions_bar():

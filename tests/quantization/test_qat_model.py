@@ -71,7 +71,7 @@ def test_float_checkpoint_loads_and_quanters_add_only_their_states():
     paddle.seed(0)
     float_model = resnet_tiny(num_classes=10)
     model = resnet_tiny(num_classes=10)
-    assert quantize_model(model) == {"conv": 17, "linear": 1, "residual": 4} == summary(model)
+    assert quantize_model(model) == {"conv": 17, "linear": 1, "residual": 4, "call_sites": 0} == summary(model)
     missing = check_and_set(model, float_model.state_dict(), "float")
     assert missing and all("_quanter." in name or "residual_quant." in name for name in missing)
     assert not set(float_model.state_dict()) - set(model.state_dict())  # same keys for the float weights
@@ -114,7 +114,7 @@ def test_every_gpunet_block_is_quantized_and_impossible_combinations_are_one_lin
     """The 7 GPUNets build the same blocks: none of GPUNet-0's convolutions or linear layers stays float."""
     paddle.seed(0)
     model = MODELS.build("gpunet_0", num_classes=10)
-    assert quantize_model(model) == {"conv": 33, "linear": 1, "residual": 0}
+    assert quantize_model(model) == {"conv": 33, "linear": 1, "residual": 0, "call_sites": 0}
     assert not [m for m in model.sublayers() if type(m) in (paddle.nn.Conv2D, paddle.nn.Linear)]
     with pytest.raises(UnsupportedError, match="amp.level=O2"):
         check_training(True, True, "O2")
