@@ -25,6 +25,23 @@ def make_digits_tree(out_dir, per_class=None, size=32, classes=10, seed=0):
     return str(out_dir)
 
 
+# README (b) runs the suite on two pytest-xdist workers (--dist loadgroup). Each worker builds the session and
+# module fixtures its tests ask for, so tests go out a file at a time, and the files that read one of these trained
+# runs go together, to the worker that trains it once.
+SHARED_RUNS = {"demo_run": "demo run", "fruit_run": "detectors", "random_detector_export": "detectors",
+               "small_shapes": "shapes", "short_detector_run": "shapes"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the marks
+def pytest_collection_modifyitems(config, items):
+    shared = {}  # file -> the shared runs its tests read
+    for item in items:
+        shared.setdefault(str(item.path), set()).update(SHARED_RUNS[n] for n in item.fixturenames if n in SHARED_RUNS)
+    for item in items:
+        path = str(item.path)
+        item.add_marker(pytest.mark.xdist_group(min(shared[path]) if shared[path] else path))
+
+
 @pytest.fixture(scope="session")
 def tiny_tree(tmp_path_factory):
     """4 classes x 20 digits at 32 px: 64 train / 16 val images."""
