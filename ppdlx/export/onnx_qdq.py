@@ -15,6 +15,7 @@ residual quanters run. Scales are range / 127, zero points 0 (symmetric, as Tens
 """
 from __future__ import annotations
 
+import collections
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -129,33 +130,31 @@ def insert_qdq(onnx_file: str, layer_scales: Dict[str, dict], save_file: Optiona
     g = _Graph(model)
     weights = {k: v for k, v in layer_scales.items() if v["kind"] != "residual"}
     residuals = [v for v in layer_scales.values() if v["kind"] == "residual"]
-    calls: Dict[str, int] = {}  # weight name -> its readers so far (a shared convolution's ranges are per call)
-    for i, node in enumerate(list(g.graph.node)):
-        slot = WEIGHT_OPS.get(node.op_type)
-        if slot is None or len(node.input) <= slot or node.input[slot] not in weights:
-            continue
-        name = node.input[slot]
+    readers = [(i, node, node.input[WEIGHT_OPS[node.op_type]]) for i, node in enumerate(g.graph.node)
+               if node.op_type in WEIGHT_OPS and len(node.input) > WEIGHT_OPS[node.op_type]
+               and node.input[WEIGHT_OPS[node.op_type]] in weights]
+    reads = collections.Counter(name for _, _, name in readers)
+    missing = sorted(set(weights) - set(reads))
+    if missing:
+        raise UnsupportedError(f"ONNX QDQ: {len(missing)} quantized layers have no weight initializer in "
+                               f"{onnx_file} (e.g. {missing[0]}): the float graph does not match the QAT model")
+    # a shared convolution has one input range per call, in graph order
+    per_call = {n for n, s in weights.items() if isinstance(s["activation"], list)}
+    mismatched = sorted(n for n in per_call if reads[n] != len(weights[n]["activation"]))
+    if mismatched:
+        name = mismatched[0]
+        raise UnsupportedError(f"ONNX QDQ: {name} is read {reads[name]} times, its layer has input ranges for "
+                               f"{len(weights[name]['activation'])} calls: the float graph does not match the QAT "
+                               f"model")
+    calls: Dict[str, int] = {}
+    for i, node, name in readers:
         s = weights[name]
         if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
             raise UnsupportedError(f"ONNX QDQ: Gemm {node.name} takes {name} transposed; not written here")
         call = calls[name] = calls.get(name, 0) + 1
-        per_call = isinstance(s["activation"], list)
-        if per_call and call > len(s["activation"]):
-            raise UnsupportedError(f"ONNX QDQ: {name} is read by more than the {len(s['activation'])} calls its "
-                                   f"layer has input ranges for: the float graph does not match the QAT model")
-        node.input[0] = g.qdq(i, node.input[0], s["activation"][call - 1] if per_call else s["activation"], "act")
-        node.input[slot] = g.int8_weight(i, name, s["weight"], s["weight_axis"])
-    missing = sorted(set(weights) - set(calls))
-    if missing:
-        raise UnsupportedError(f"ONNX QDQ: {len(missing)} quantized layers have no weight initializer in "
-                               f"{onnx_file} (e.g. {missing[0]}): the float graph does not match the QAT model")
-    short = sorted(n for n, s in weights.items()
-                   if isinstance(s["activation"], list) and calls[n] != len(s["activation"]))
-    if short:
-        name = short[0]
-        raise UnsupportedError(f"ONNX QDQ: {name} is read {calls[name]} times, its layer has input ranges for "
-                               f"{len(weights[name]['activation'])} calls: the float graph does not match the QAT "
-                               f"model")
+        activation = s["activation"][call - 1] if name in per_call else s["activation"]
+        node.input[0] = g.qdq(i, node.input[0], activation, "act")
+        node.input[WEIGHT_OPS[node.op_type]] = g.int8_weight(i, name, s["weight"], s["weight_axis"])
     adds = residual_adds(g.graph)
     if residuals and len(adds) != len(residuals):
         raise UnsupportedError(f"ONNX QDQ: the graph has {len(adds)} adds of two activations, the model "
@@ -167,4 +166,4 @@ def insert_qdq(onnx_file: str, layer_scales: Dict[str, dict], save_file: Optiona
     onnx.checker.check_model(model)
     onnx.save(model, save_file or onnx_file)
     counts = {op: sum(n.op_type == op for n in model.graph.node) for op in ("QuantizeLinear", "DequantizeLinear")}
-    return {**counts, "int8_weights": len(calls), "residual_adds": len(residuals)}
+    return {**counts, "int8_weights": len(reads), "residual_adds": len(residuals)}

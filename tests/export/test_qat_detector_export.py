@@ -146,3 +146,32 @@ def test_detections_are_matched_both_ways():
         check_detections_close("both ways", two_kinds, one_kind_twice, 1e-4, 1e-4)
     with pytest.raises(ExportCheckError, match=r"detections per image \[1\] differ from the reference's \[2\]"):
         check_detections_close("counts", two_kinds, _detections([0.5], boxes[:1], [0]), 1e-4, 1e-4)
+
+
+def test_a_weight_read_at_other_call_counts_than_its_ranges_is_one_line(tmp_path):
+    """One input range per call, in graph order: a Conv weight read twice takes its two ranges in that order, and a
+    count that differs from the ranges' is refused naming both (the float graph does not match the QAT model)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from ppdlx.errors import UnsupportedError
+    from ppdlx.export.onnx_qdq import insert_qdq
+    weight = numpy_helper.from_array(np.ones([2, 2, 1, 1], np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"]), helper.make_node("Conv", ["y", "w"], ["z"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 2, 4, 4])], [weight])
+    path = str(tmp_path / "shared.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+    def scales(ranges):
+        return {"w": {"layer": "head", "kind": "conv", "activation": ranges, "weight": np.ones(2, np.float32),
+                      "weight_axis": 0}}
+    with pytest.raises(UnsupportedError, match=r"^ONNX QDQ: w is read 2 times, its layer has input ranges for 3 "
+                                               r"calls: the float graph does not match the QAT model$"):
+        insert_qdq(path, scales([1.0, 2.0, 3.0]), str(tmp_path / "refused.onnx"))
+    insert_qdq(path, scales([1.0, 2.0]), str(tmp_path / "qdq.onnx"))
+    written = onnx.load(str(tmp_path / "qdq.onnx")).graph
+    constants = {t.name: numpy_helper.to_array(t) for t in written.initializer}
+    producer = {out: node for node in written.node for out in node.output}
+    convs = [n for n in written.node if n.op_type == "Conv"]
+    np.testing.assert_allclose([float(constants[producer[n.input[0]].input[1]]) for n in convs],
+                               [1 / 127, 2 / 127], rtol=1e-6)
